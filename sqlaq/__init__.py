@@ -1,0 +1,65 @@
+"""sqlaq: a PostgreSQL job queue for SQLAlchemy applications.
+
+Statements for every queue operation that run inside the caller's own transaction,
+Alembic revisions shipped as their own branch, and a thin worker. See README.md.
+"""
+
+from __future__ import annotations
+
+from sqlaq import migrations, queries
+from sqlaq.encoding import NewJob
+from sqlaq.errors import (
+    ConfigError,
+    InvalidJobError,
+    LeaseLostError,
+    PermanentError,
+    SchemaOutOfDateError,
+    SqlaqError,
+)
+from sqlaq.lease import Lease
+from sqlaq.models import Job
+from sqlaq.ops import (
+    ClaimedJob,
+    EnqueueResult,
+    cancel,
+    claim,
+    complete,
+    enqueue,
+    enqueue_many,
+    extend_lease,
+    fail,
+    prune,
+    retry,
+)
+from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
+from sqlaq.schema import JobStatus, jobs, metadata
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "Backoff",
+    "ClaimedJob",
+    "ConfigError",
+    "EnqueueResult",
+    "InvalidJobError",
+    "Job",
+    "JobStatus",
+    "Lease",
+    "LeaseLostError",
+    "NewJob",
+    "PermanentError",
+    "SchemaOutOfDateError",
+    "SqlaqError",
+    "cancel",
+    "claim",
+    "complete",
+    "enqueue",
+    "enqueue_many",
+    "extend_lease",
+    "fail",
+    "jobs",
+    "metadata",
+    "migrations",
+    "prune",
+    "queries",
+    "retry",
+]

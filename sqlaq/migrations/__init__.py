@@ -1,0 +1,162 @@
+"""sqlaq's shipped Alembic revisions, and the glue to run or include them.
+
+Two ways to install the schema:
+
+* **Inside a host's Alembic** (the usual way). In the host's ``alembic.ini``::
+
+      path_separator = space
+      version_locations = %(here)s/alembic/versions sqlaq:migrations/versions
+
+  and in its env.py ``context.configure(..., include_name=sqlaq.migrations.include_name)``
+  so autogenerate never proposes dropping sqlaq's objects. Then ``alembic upgrade
+  heads`` (plural: sqlaq is a branch of its own). The host's first own revision needs
+  ``alembic revision --head=base ...``. ``path_separator`` must not be ``os`` (":" on
+  POSIX): it would split ``sqlaq:migrations/versions`` in two and the sqlaq branch would
+  vanish without an error.
+* **Standalone** (:func:`upgrade`, ``sqlaq migrate``): the same revisions applied
+  programmatically, recorded in their own ``sqlaq_alembic_version`` table.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, inspect
+
+from sqlaq.queries import recorded_revisions_stmt
+
+from sqlaq.errors import SchemaOutOfDateError
+from sqlaq.schema import (
+    CLAIM_INDEX,
+    DEDUPE_INDEX,
+    FINISHED_INDEX,
+    TABLE_NAME,
+    VERSION_TABLE,
+)
+
+__all__ = [
+    "BRANCH",
+    "SCRIPT_LOCATION",
+    "VERSION_LOCATION",
+    "check",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "include_name",
+    "standalone_config",
+    "upgrade",
+    "upgrade_sql",
+]
+
+#: The branch label of sqlaq's revisions: ``alembic downgrade sqlaq@base``.
+BRANCH = "sqlaq"
+#: For a host's ``version_locations`` (needs ``path_separator = space`` or similar).
+VERSION_LOCATION = "sqlaq:migrations/versions"
+#: The standalone environment (this package, with its own env.py).
+SCRIPT_LOCATION = "sqlaq:migrations"
+
+_OWN_TABLES = frozenset({TABLE_NAME, VERSION_TABLE})
+_OWN_INDEXES = frozenset({CLAIM_INDEX, DEDUPE_INDEX, FINISHED_INDEX})
+#: Version tables searched for sqlaq's revision: a host's default one and the standalone.
+DEFAULT_VERSION_TABLES = ("alembic_version", VERSION_TABLE)
+
+
+def include_name(name: str | None, type_: str, parent_names: Mapping[str, Any]) -> bool:
+    """Alembic ``include_name`` hook that hides sqlaq's objects from a host's autogenerate.
+
+    Pass it as ``context.configure(include_name=sqlaq.migrations.include_name)``. If the
+    host already has a hook, call both: ``lambda *a: mine(*a) and include_name(*a)``.
+    """
+    if type_ == "table":
+        return name not in _OWN_TABLES
+    if parent_names.get("table_name") in _OWN_TABLES:
+        return False
+    return not (type_ == "index" and name in _OWN_INDEXES)
+
+
+def standalone_config(url: str | None = None, *, connection: Connection | None = None) -> Config:
+    """An Alembic Config for the standalone path, on *connection* or *url*."""
+    cfg = Config(stdout=io.StringIO())
+    cfg.set_main_option("script_location", SCRIPT_LOCATION)
+    cfg.set_main_option("path_separator", "space")
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0001"``."""
+    script = ScriptDirectory.from_config(standalone_config())
+    head = script.get_current_head()
+    if head is None:  # pragma: no cover - the package always ships revisions
+        raise RuntimeError("sqlaq ships no revisions")
+    return head
+
+
+def upgrade(connection: Connection, revision: str = "heads") -> None:
+    """Apply sqlaq's revisions on *connection* (standalone path; commits per revision)."""
+    command.upgrade(standalone_config(connection=connection), revision)
+
+
+def downgrade(connection: Connection, revision: str = "base") -> None:
+    """Revert sqlaq's revisions on *connection* (standalone path)."""
+    command.downgrade(standalone_config(connection=connection), revision)
+
+
+def upgrade_sql(revision: str = "heads") -> str:
+    """The DDL of the standalone upgrade, as SQL text, without touching a database."""
+    cfg = standalone_config("postgresql://")
+    command.upgrade(cfg, revision, sql=True)
+    out = cfg.stdout
+    return out.getvalue() if isinstance(out, io.StringIO) else ""
+
+
+def current_revision(
+    connection: Connection, version_tables: Iterable[str] = DEFAULT_VERSION_TABLES
+) -> str | None:
+    """The sqlaq revision recorded in the database, or None when there is none.
+
+    Looks in each of *version_tables* that exists (a host's ``alembic_version`` and the
+    standalone ``sqlaq_alembic_version`` by default) for a ``sqlaq_*`` revision.
+    """
+    present = set(inspect(connection).get_table_names())
+    for name in version_tables:
+        if name not in present:
+            continue
+        found = sorted(connection.execute(recorded_revisions_stmt(version_table=name)).scalars())
+        if found:
+            return found[-1]
+    return None
+
+
+def check(connection: Connection, version_tables: Iterable[str] = DEFAULT_VERSION_TABLES) -> str:
+    """Return the current sqlaq revision if it is this sqlaq's head, else raise.
+
+    Raises:
+        SchemaOutOfDateError: no sqlaq revision, or another one than the head; the
+            message names the command to run.
+    """
+    head = head_revision()
+    current = current_revision(connection, version_tables)
+    if current == head:
+        return current
+    if current is None:
+        raise SchemaOutOfDateError(
+            f"sqlaq's schema is not installed (this sqlaq needs {head}): run "
+            "'alembic upgrade heads' in your project, or 'sqlaq migrate' without Alembic"
+        )
+    if current > head:
+        raise SchemaOutOfDateError(
+            f"database is at {current}, newer than this sqlaq ({head}): upgrade sqlaq"
+        )
+    raise SchemaOutOfDateError(
+        f"database is at {current}, this sqlaq needs {head}: run 'alembic upgrade heads' "
+        "(or 'sqlaq migrate' without Alembic)"
+    )

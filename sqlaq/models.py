@@ -1,0 +1,98 @@
+"""The ORM-mapped :class:`Job` over :data:`sqlaq.jobs`.
+
+``session.add(Job(kind="send_email", payload={"user_id": 7}))`` enqueues in the same
+flush and transaction as the host's own models, even though the host's models live in
+another declarative registry. Host foreign keys to jobs must use
+``ForeignKey(sqlaq.jobs.c.id)`` (an object, not a string): the string form is resolved
+in the host's MetaData, which does not hold ``sqlaq_jobs``.
+
+Attribute values are validated as they are set, with the same rules as
+:func:`sqlaq.enqueue`, so a bad job raises :class:`~sqlaq.errors.InvalidJobError` at
+construction, never at flush.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.orm import DeclarativeBase, Mapped, validates
+
+from sqlaq.errors import InvalidJobError
+from sqlaq.encoding import check_dedupe_key, check_int, check_name, encode_payload
+from sqlaq.schema import jobs, metadata
+
+_INT4_MAX = 2_147_483_647
+
+
+class _Base(DeclarativeBase):
+    metadata = metadata
+
+
+class Job(_Base):
+    """One row of ``sqlaq_jobs``, mapped for use in an ORM Session.
+
+    Only ``kind`` is required; everything else has the table's default (queue
+    ``'default'``, payload ``{}``, due now, five attempts). ``eager_defaults`` loads the
+    server-generated ``id``, ``status`` and timestamps at flush.
+    """
+
+    __table__ = jobs
+    __mapper_args__ = {"eager_defaults": True}
+
+    id: Mapped[int]
+    queue: Mapped[str]
+    kind: Mapped[str]
+    payload: Mapped[dict[str, Any]]
+    status: Mapped[str]
+    priority: Mapped[int]
+    run_at: Mapped[datetime]
+    attempts: Mapped[int]
+    max_attempts: Mapped[int]
+    locked_by: Mapped[UUID | None]
+    lease_token: Mapped[UUID | None]
+    last_error: Mapped[str | None]
+    dedupe_key: Mapped[str | None]
+    created_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+
+    def __init__(self, **kwargs: Any) -> None:
+        if "kind" not in kwargs:
+            raise InvalidJobError("Job needs a kind: Job(kind='send_email', payload={...})")
+        super().__init__(**kwargs)
+
+    @validates("run_at")
+    def _validate_run_at(self, key: str, value: Any) -> Any:
+        # The database clock is the only clock: a Python datetime here would schedule by
+        # this machine's clock. SQL expressions (func.now() + interval) are fine.
+        if isinstance(value, datetime):
+            raise InvalidJobError(
+                "run_at is set by the database clock; pass an expression such as "
+                "func.now() + timedelta(minutes=5), or use sqlaq.enqueue(..., delay=...)"
+            )
+        return value
+
+    @validates("kind", "queue")
+    def _validate_name(self, key: str, value: str) -> str:
+        return check_name(key, value)
+
+    @validates("payload")
+    def _validate_payload(self, key: str, value: dict[str, Any]) -> dict[str, Any]:
+        encode_payload(value)
+        return value
+
+    @validates("priority")
+    def _validate_priority(self, key: str, value: int) -> int:
+        return check_int(key, value, -32768, 32767)
+
+    @validates("max_attempts")
+    def _validate_max_attempts(self, key: str, value: int) -> int:
+        return check_int(key, value, 1, _INT4_MAX)
+
+    @validates("dedupe_key")
+    def _validate_dedupe_key(self, key: str, value: str | None) -> str | None:
+        return None if value is None else check_dedupe_key(value)
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id!r}, kind={self.kind!r}, status={self.status!r})"

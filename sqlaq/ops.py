@@ -1,0 +1,413 @@
+"""Queue operations over the caller's Connection or Session.
+
+Each operation validates its input, runs statements from :mod:`sqlaq.queries` on the
+connection it is given, and maps rows to small frozen dataclasses. None of them commits
+or rolls back: the caller's ``with engine.begin()`` or ``session.commit()`` decides, so
+a job enqueued beside an order commits or rolls back with it.
+
+Fenced operations (:func:`extend_lease`, :func:`complete`, :func:`fail`) change a job
+only while the given lease is still its current one. By default they raise
+:class:`~sqlaq.errors.LeaseLostError` when a lease was lost; the caller's transaction
+stays usable (nothing failed in the database), and any other lease of the same call was
+applied. Pass ``raise_on_lost=False`` to learn the outcome from the return value instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from sqlaq import queries
+from sqlaq.encoding import NewJob, check_duration, check_name
+from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError
+from sqlaq.lease import Lease
+from sqlaq.schema import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    FINISHED_STATUSES,
+    JobStatus,
+)
+
+#: What every operation runs on: a Core connection or an ORM session.
+Executor = Connection | Session
+
+DEFAULT_LEASE = timedelta(seconds=30)
+DEFAULT_PRUNE_BATCH = 1000
+#: ``last_error`` is cut to this many characters (a traceback summary, not a log).
+MAX_ERROR_LENGTH = 8000
+# A dedupe race (the pending twin finished between our INSERT and our SELECT) is retried
+# this many times before giving up; each round sees a fresh snapshot in READ COMMITTED.
+_DEDUPE_ROUNDS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """The outcome of one enqueue.
+
+    Attributes:
+        job_id: The new job, or the pending job that already held the dedupe key.
+        duplicate: True when nothing was inserted because of the dedupe key.
+    """
+
+    job_id: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job claimed for running, with the lease that fences its outcome.
+
+    Attributes:
+        id: The job's id.
+        queue: The queue it was claimed from.
+        kind: Which handler runs it.
+        payload: The handler's argument, decoded.
+        priority: Its priority.
+        attempt: This attempt's number (1 for the first run).
+        max_attempts: How many attempts it may have in all.
+        created_at: When it was enqueued (database clock).
+        lease: Pass it to complete, fail and extend_lease.
+    """
+
+    id: int
+    queue: str
+    kind: str
+    payload: dict[str, Any]
+    priority: int
+    attempt: int
+    max_attempts: int
+    created_at: datetime
+    lease: Lease
+
+
+def enqueue(
+    conn: Executor,
+    kind: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    delay: timedelta = timedelta(0),
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    dedupe_key: str | None = None,
+) -> EnqueueResult:
+    """Insert one job in the caller's transaction.
+
+    The job exists, and workers are woken, only once the caller commits. With a
+    *dedupe_key*, enqueueing while a job of the same kind and key is queued or running
+    inserts nothing and reports the existing job (``duplicate=True``); no exception is
+    raised and the transaction stays usable.
+
+    Args:
+        conn: The caller's Connection or Session.
+        kind: Which handler runs the job.
+        payload: The handler's argument, a JSON object (default ``{}``).
+        queue: The queue to put it on.
+        priority: Higher runs first among due jobs.
+        delay: Run no sooner than ``now() + delay``.
+        max_attempts: How many times it may be claimed.
+        dedupe_key: At most one pending job per ``(kind, dedupe_key)``.
+
+    Returns:
+        The job's id and whether it was a duplicate.
+
+    Raises:
+        InvalidJobError: bad input; nothing was written.
+    """
+    job = NewJob(
+        kind=kind,
+        payload={} if payload is None else payload,
+        queue=queue,
+        priority=priority,
+        delay=delay,
+        max_attempts=max_attempts,
+        dedupe_key=dedupe_key,
+    )
+    stmt = queries.enqueue_stmt(job=job)
+    if job.dedupe_key is None:
+        return EnqueueResult(conn.execute(stmt).scalar_one())
+    for _ in range(_DEDUPE_ROUNDS):
+        job_id = conn.execute(stmt).scalar_one_or_none()
+        if job_id is not None:
+            return EnqueueResult(job_id)
+        twin = conn.execute(
+            queries.find_pending_duplicate_stmt(kind=job.kind, dedupe_key=job.dedupe_key)
+        ).scalar_one_or_none()
+        if twin is not None:
+            return EnqueueResult(twin, duplicate=True)
+    raise RuntimeError(  # pragma: no cover - needs a pathological race to reach
+        f"could not enqueue {kind!r} with dedupe_key {dedupe_key!r}: its pending twin kept "
+        "changing; try again"
+    )
+
+
+def enqueue_many(conn: Executor, jobs: Iterable[NewJob]) -> list[EnqueueResult]:
+    """Insert many jobs with one statement, in the caller's transaction.
+
+    Every job is validated before anything is sent. Jobs whose dedupe key is already
+    held by a pending job (or by an earlier job of the same call) are not inserted and
+    report that job's id with ``duplicate=True``.
+
+    Returns:
+        One result per input job, in input order.
+
+    Raises:
+        InvalidJobError: an item is not a :class:`~sqlaq.NewJob`; nothing was written.
+    """
+    batch = list(jobs)
+    for index, job in enumerate(batch):
+        if not isinstance(job, NewJob):
+            raise InvalidJobError(
+                f"jobs[{index}] must be a sqlaq.NewJob, got {type(job).__name__}"
+            )
+    if not batch:
+        return []
+    rows = conn.execute(queries.enqueue_many_stmt(jobs_=batch)).all()
+    rows.sort(key=lambda row: row[0])  # ids are drawn in input order
+    inserted = iter(rows)
+    results: list[EnqueueResult | None] = []
+    next_row = next(inserted, None)
+    for job in batch:
+        if next_row is not None and (next_row[1], next_row[2]) == (job.kind, job.dedupe_key):
+            results.append(EnqueueResult(next_row[0]))
+            next_row = next(inserted, None)
+        else:
+            results.append(None)  # skipped as a duplicate; resolved below
+    missing = {(j.kind, j.dedupe_key) for j, r in zip(batch, results, strict=True) if r is None}
+    if missing:
+        kinds, keys = zip(*missing, strict=True)
+        found = conn.execute(
+            queries.find_pending_duplicates_stmt(kinds=kinds, dedupe_keys=keys)  # type: ignore[arg-type]
+        ).all()
+        twins = {(row[1], row[2]): row[0] for row in found}
+        for index, (job, result) in enumerate(zip(batch, results, strict=True)):
+            if result is None:
+                results[index] = EnqueueResult(twins[(job.kind, job.dedupe_key)], duplicate=True)
+    return results  # type: ignore[return-value]
+
+
+def claim(
+    conn: Executor,
+    *,
+    worker_id: UUID,
+    queue: str = DEFAULT_QUEUE,
+    limit: int = 1,
+    lease: timedelta = DEFAULT_LEASE,
+) -> list[ClaimedJob]:
+    """Claim up to *limit* due jobs of *queue* for *worker_id*, highest priority first.
+
+    Due jobs are queued jobs with ``run_at <= now()`` and running jobs whose lease
+    expired. Each claimed job gets ``status = 'running'``, one more attempt, and a lease
+    ending at ``now() + lease``. A job whose lease expired on its last attempt is marked
+    failed by the same statement and not returned, so fewer than *limit* jobs may come
+    back even when more are due.
+
+    The claim takes effect when the caller commits; keep that transaction short.
+
+    Raises:
+        ConfigError: *limit* is not a positive int.
+        InvalidJobError: *lease* is not a positive timedelta, or *queue* is not a name.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"limit must be a positive int, got {limit!r}")
+    check_duration("lease", lease, allow_zero=False)
+    check_name("queue", queue)
+    rows = conn.execute(
+        queries.claim_stmt(queue=queue, worker_id=worker_id, limit=limit, lease=lease)
+    ).all()
+    claimed = [
+        ClaimedJob(
+            id=row.id,
+            queue=row.queue,
+            kind=row.kind,
+            payload=row.payload,
+            priority=row.priority,
+            attempt=row.attempts,
+            max_attempts=row.max_attempts,
+            created_at=row.created_at,
+            lease=Lease(row.id, worker_id, row.lease_token, row.attempts, row.run_at),
+        )
+        for row in rows
+        if row.status == JobStatus.RUNNING
+    ]
+    # UPDATE ... RETURNING has no order; hand jobs out in claim order as far as known.
+    claimed.sort(key=lambda job: (-job.priority, job.id))
+    return claimed
+
+
+def _as_leases(leases: Lease | Iterable[Lease]) -> list[Lease]:
+    return [leases] if isinstance(leases, Lease) else list(leases)
+
+
+def _check_lost(requested: Sequence[Lease], changed: Collection[int], raise_on_lost: bool) -> None:
+    if raise_on_lost:
+        lost = [lease.job_id for lease in requested if lease.job_id not in changed]
+        if lost:
+            raise LeaseLostError(lost)
+
+
+def extend_lease(
+    conn: Executor,
+    leases: Lease | Iterable[Lease],
+    *,
+    lease: timedelta = DEFAULT_LEASE,
+    raise_on_lost: bool = True,
+) -> list[Lease]:
+    """Move the end of each still-held lease to ``now() + lease``, in one statement.
+
+    Returns:
+        The renewed leases (with their new ``expires_at``); a lost one is absent.
+
+    Raises:
+        LeaseLostError: a lease was lost and *raise_on_lost* is true.
+        InvalidJobError: *lease* is not a positive timedelta.
+    """
+    check_duration("lease", lease, allow_zero=False)
+    held = _as_leases(leases)
+    if not held:
+        return []
+    rows = conn.execute(queries.extend_lease_stmt(leases=held, lease=lease)).all()
+    ends = {row.id: row.run_at for row in rows}
+    _check_lost(held, ends, raise_on_lost)
+    return [
+        Lease(h.job_id, h.worker_id, h.token, h.attempt, ends[h.job_id])
+        for h in held
+        if h.job_id in ends
+    ]
+
+
+def complete(
+    conn: Executor, leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True
+) -> list[int]:
+    """Mark done every job whose lease is still held, in one statement.
+
+    Returns:
+        The ids of the jobs marked done.
+
+    Raises:
+        LeaseLostError: a lease was lost and *raise_on_lost* is true; the other jobs of
+            the call were marked done all the same.
+    """
+    held = _as_leases(leases)
+    if not held:
+        return []
+    done = set(conn.execute(queries.complete_stmt(leases=held)).scalars())
+    _check_lost(held, done, raise_on_lost)
+    return [h.job_id for h in held if h.job_id in done]
+
+
+def fail(
+    conn: Executor,
+    lease: Lease,
+    error: str,
+    *,
+    retry_in: timedelta | None = None,
+    raise_on_lost: bool = True,
+) -> JobStatus | None:
+    """Record a failed attempt of the job held by *lease*.
+
+    With *retry_in* and attempts left, the job is queued again to run at
+    ``now() + retry_in`` (compute it with a :class:`~sqlaq.Backoff`); otherwise it
+    ends ``failed``. *error* becomes ``last_error`` (cut to 8000 characters).
+
+    Returns:
+        ``JobStatus.QUEUED`` or ``JobStatus.FAILED``; None when the lease was lost and
+        *raise_on_lost* is false.
+
+    Raises:
+        LeaseLostError: the lease was lost and *raise_on_lost* is true.
+        InvalidJobError: *retry_in* is negative or not a timedelta.
+    """
+    if retry_in is not None:
+        check_duration("retry_in", retry_in)
+    error = _clean_error(error)
+    row = conn.execute(queries.fail_stmt(lease=lease, error=error, retry_in=retry_in)).first()
+    if row is None:
+        _check_lost([lease], (), raise_on_lost)
+        return None
+    return JobStatus(row.status)
+
+
+def _clean_error(error: object) -> str:
+    text = str(error).replace("\x00", "\\x00")
+    if len(text) > MAX_ERROR_LENGTH:
+        text = text[: MAX_ERROR_LENGTH - 20] + "\n... (truncated)"
+    return text
+
+
+def _ids(job_ids: int | Iterable[int]) -> list[int]:
+    ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
+    for value in ids:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"job ids must be ints, got {value!r}")
+    return ids
+
+
+def retry(conn: Executor, job_ids: int | Iterable[int]) -> list[int]:
+    """Queue failed or cancelled jobs again, due now, with a fresh set of attempts.
+
+    Jobs in any other status are left alone, and so is a job whose dedupe key is now
+    held by another pending job. ``last_error`` is kept.
+
+    Returns:
+        The ids of the jobs queued again.
+    """
+    ids = _ids(job_ids)
+    return list(conn.execute(queries.retry_stmt(job_ids=ids)).scalars()) if ids else []
+
+
+def cancel(conn: Executor, job_ids: int | Iterable[int]) -> list[int]:
+    """Cancel queued or running jobs.
+
+    A running job's worker loses its lease: whatever its handler returns is not written
+    over the cancel. Finished jobs are left alone.
+
+    Returns:
+        The ids of the jobs cancelled.
+    """
+    ids = _ids(job_ids)
+    return list(conn.execute(queries.cancel_stmt(job_ids=ids)).scalars()) if ids else []
+
+
+def prune(
+    conn: Executor,
+    *,
+    older_than: timedelta,
+    statuses: Iterable[JobStatus | str] = FINISHED_STATUSES,
+    limit: int = DEFAULT_PRUNE_BATCH,
+) -> int:
+    """Delete up to *limit* finished jobs that finished more than *older_than* ago.
+
+    One bounded batch per call: loop, committing between calls, until it returns less
+    than *limit*. Queued and running jobs are never deleted.
+
+    Returns:
+        How many jobs were deleted.
+
+    Raises:
+        ConfigError: a status is not a finished one, or *limit* is not positive.
+        InvalidJobError: *older_than* is negative or not a timedelta.
+    """
+    check_duration("older_than", older_than)
+    wanted = set()
+    for status in statuses:
+        try:
+            value = JobStatus(status)
+        except ValueError:
+            value = None
+        if value not in FINISHED_STATUSES:
+            raise ConfigError(
+                f"prune deletes finished jobs only; status {status!r} is not one of "
+                "'done', 'failed', 'cancelled'"
+            )
+        wanted.add(value)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"limit must be a positive int, got {limit!r}")
+    stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit)
+    return conn.execute(stmt).rowcount

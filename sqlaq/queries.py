@@ -1,0 +1,442 @@
+"""Statement builders: the only SQL of sqlaq outside the shipped revisions.
+
+Each ``*_stmt`` function returns an inert SQLAlchemy executable with its values bound,
+and executes nothing: run it on any Connection or Session, inside any transaction, or
+extend it first. Builders appear in lifecycle order (enqueue, claim, extend, complete,
+fail, retry, cancel, prune), so this file reads like the state diagram::
+
+    queued --claim--> running --complete--> done
+      ^                 |  \\--fail (no attempts left / permanent)--> failed --retry--+
+      |                 |                                                           |
+      +--fail (retry)---+   cancel (queued or running) --> cancelled --retry--------+
+      +-------------------------------------------------------------------------------+
+
+Rules every builder keeps (each learnt the hard way, see DESIGN.md B):
+
+* The clock is ``now()``: Python passes intervals (a lease, a delay), never timestamps.
+* Status literals of partial-index predicates are inlined (``status IN ('queued',
+  'running')``), never bound, so prepared statements keep matching the partial indexes.
+* Bind parameters are named ``b_*`` (never like a column) and id lists use
+  ``= ANY(:b_ids)``, so one prepared statement serves any list length.
+* RETURNING lists its columns.
+* Claims and retention pick their rows in a ``MATERIALIZED`` CTE with ``FOR UPDATE SKIP
+  LOCKED`` joined to the UPDATE/DELETE: the ``id IN (SELECT ... LIMIT n)`` form can be
+  re-run per row under a nested loop and touch far more than *n* rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ColumnElement,
+    Delete,
+    Integer,
+    Interval,
+    SmallInteger,
+    Text,
+    Update,
+    and_,
+    bindparam,
+    case,
+    cast,
+    column,
+    delete,
+    exists,
+    func,
+    literal_column,
+    null,
+    select,
+    table,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, Insert, insert
+from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+
+from sqlaq.encoding import NewJob
+from sqlaq.lease import Lease
+from sqlaq.schema import JobStatus, jobs
+
+__all__ = [
+    "cancel_stmt",
+    "claim_stmt",
+    "complete_stmt",
+    "enqueue_many_stmt",
+    "enqueue_stmt",
+    "extend_lease_stmt",
+    "fail_stmt",
+    "prune_stmt",
+    "retry_stmt",
+]
+
+c = jobs.c
+
+
+def _status(value: JobStatus) -> ColumnElement[str]:
+    # Inlined, never bound: see the module docstring.
+    return literal_column(f"'{value.value}'", Text)
+
+
+_RUNNING = c.status == _status(JobStatus.RUNNING)
+# The predicates of the partial indexes (schema.py), as column expressions so they are
+# qualified in joins; their literals are inlined, so the planner can match the indexes.
+_PENDING = c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)])
+_FINISHED = c.status.in_([_status(s) for s in (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED)])
+_DEDUPE = and_(_PENDING, c.dedupe_key.is_not(None))
+_NOW = func.now()
+_IDS = ARRAY(BigInteger)
+_UUIDS = ARRAY(PG_UUID(as_uuid=True))
+
+#: Columns a claim returns, in this order.
+CLAIM_COLUMNS = (
+    c.id,
+    c.queue,
+    c.kind,
+    c.payload,
+    c.priority,
+    c.status,
+    c.attempts,
+    c.max_attempts,
+    c.lease_token,
+    c.run_at,
+    c.created_at,
+)
+
+
+def enqueue_stmt(*, job: NewJob) -> Insert:
+    """Insert one job; ``RETURNING id``.
+
+    Renders ``INSERT INTO sqlaq_jobs (...) VALUES (..., now() + :b_delay, ...)``. With a
+    ``dedupe_key`` it adds ``ON CONFLICT (kind, dedupe_key) WHERE <pending> DO NOTHING``,
+    so a duplicate returns no row and leaves the caller's transaction usable.
+    """
+    stmt = insert(jobs).values(
+        queue=bindparam("b_queue", job.queue, Text),
+        kind=bindparam("b_kind", job.kind, Text),
+        payload=cast(bindparam("b_payload", job.payload_json, Text), JSONB),
+        priority=bindparam("b_priority", job.priority, SmallInteger),
+        run_at=_NOW + bindparam("b_delay", job.delay, Interval),
+        max_attempts=bindparam("b_max_attempts", job.max_attempts, Integer),
+        dedupe_key=bindparam("b_dedupe_key", job.dedupe_key, Text),
+    )
+    if job.dedupe_key is not None:
+        stmt = stmt.on_conflict_do_nothing(
+            index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE
+        )
+    return stmt.returning(c.id)
+
+
+def find_pending_duplicate_stmt(*, kind: str, dedupe_key: str) -> Any:
+    """Select the pending job holding ``(kind, dedupe_key)``: ``SELECT id ... LIMIT 1``."""
+    return (
+        select(c.id)
+        .where(
+            c.kind == bindparam("b_kind", kind, Text),
+            c.dedupe_key == bindparam("b_dedupe_key", dedupe_key, Text),
+            _DEDUPE,
+        )
+        .limit(1)
+    )
+
+
+def enqueue_many_stmt(*, jobs_: Sequence[NewJob]) -> Insert:
+    """Insert many jobs in one statement; ``RETURNING id, kind, dedupe_key``.
+
+    Renders ``INSERT INTO sqlaq_jobs (...) SELECT ... FROM unnest(:b_queues, ...) WITH
+    ORDINALITY ORDER BY ordinality ON CONFLICT ... DO NOTHING``: seven array parameters
+    whatever the number of jobs, so the statement is prepared once. Identity values are
+    drawn in ``ORDER BY`` order, so sorting the returned rows by id gives the inserted
+    jobs in input order; a job skipped as a duplicate returns no row.
+    """
+    arrays = {
+        "b_queues": ([j.queue for j in jobs_], ARRAY(Text)),
+        "b_kinds": ([j.kind for j in jobs_], ARRAY(Text)),
+        "b_payloads": ([j.payload_json for j in jobs_], ARRAY(Text)),
+        "b_priorities": ([j.priority for j in jobs_], ARRAY(SmallInteger)),
+        "b_delays": ([j.delay for j in jobs_], ARRAY(Interval)),
+        "b_max_attempts": ([j.max_attempts for j in jobs_], ARRAY(Integer)),
+        "b_dedupe_keys": ([j.dedupe_key for j in jobs_], ARRAY(Text)),
+    }
+    rows = (
+        func.unnest(*(bindparam(name, value, type_) for name, (value, type_) in arrays.items()))
+        .table_valued(
+            "queue", "kind", "payload", "priority", "delay", "max_attempts", "dedupe_key",
+            with_ordinality="ordinality",
+        )
+        .render_derived(name="new_jobs")
+    )
+    source = select(
+        rows.c.queue,
+        rows.c.kind,
+        cast(rows.c.payload, JSONB),
+        rows.c.priority,
+        _NOW + rows.c.delay,
+        rows.c.max_attempts,
+        rows.c.dedupe_key,
+    ).order_by(rows.c.ordinality)
+    stmt = insert(jobs).from_select(
+        ["queue", "kind", "payload", "priority", "run_at", "max_attempts", "dedupe_key"],
+        source,
+    )
+    stmt = stmt.on_conflict_do_nothing(
+        index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE
+    )
+    return stmt.returning(c.id, c.kind, c.dedupe_key)
+
+
+def find_pending_duplicates_stmt(*, kinds: Sequence[str], dedupe_keys: Sequence[str]) -> Any:
+    """Select ``id, kind, dedupe_key`` of pending jobs holding any of the given pairs."""
+    pairs = (
+        func.unnest(
+            bindparam("b_kinds", list(kinds), ARRAY(Text)),
+            bindparam("b_dedupe_keys", list(dedupe_keys), ARRAY(Text)),
+        )
+        .table_valued("kind", "dedupe_key")
+        .render_derived(name="wanted")
+    )
+    return select(c.id, c.kind, c.dedupe_key).join_from(
+        jobs, pairs, and_(c.kind == pairs.c.kind, c.dedupe_key == pairs.c.dedupe_key)
+    ).where(_DEDUPE)
+
+
+def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> Update:
+    """Claim up to *limit* due jobs of *queue*, in priority order; never more.
+
+    Renders::
+
+        WITH candidates AS MATERIALIZED (
+            SELECT id FROM sqlaq_jobs
+            WHERE status IN ('queued', 'running') AND queue = :b_queue AND run_at <= now()
+            ORDER BY priority DESC, run_at, id LIMIT :b_limit FOR UPDATE SKIP LOCKED)
+        UPDATE sqlaq_jobs SET status = 'running', attempts = attempts + 1,
+            locked_by = :b_worker, lease_token = gen_random_uuid(), run_at = now() + :b_lease
+        FROM candidates WHERE sqlaq_jobs.id = candidates.id RETURNING ...
+
+    A due ``running`` row is a job whose lease expired. If it has attempts left it is
+    claimed again (``last_error`` records the expiry). If it was on its last attempt it
+    is marked ``failed`` in the same statement with a ``last_error`` saying the lease
+    expired, and returned with status ``failed`` so the caller can skip it: a job that
+    kills its worker every time ends failed and never loops.
+    """
+    candidates = (
+        select(c.id)
+        .where(
+            _PENDING,
+            c.queue == bindparam("b_queue", queue, Text),
+            c.run_at <= _NOW,
+        )
+        .order_by(c.priority.desc(), c.run_at, c.id)
+        .limit(bindparam("b_limit", limit, Integer))
+        .with_for_update(skip_locked=True)
+        .cte("candidates")
+        .prefix_with("MATERIALIZED")
+    )
+    exhausted = and_(_RUNNING, c.attempts >= c.max_attempts)
+    attempt_text = cast(c.attempts, Text)
+    expired_error = (
+        literal_column("'lease expired on attempt '", Text)
+        + attempt_text
+        + literal_column("' of '", Text)
+        + cast(c.max_attempts, Text)
+        + literal_column(
+            "': the worker stopped or crashed while running the job; not retried'", Text
+        )
+    )
+    reclaimed_error = (
+        literal_column("'lease expired on attempt '", Text)
+        + attempt_text
+        + literal_column("'; claimed again'", Text)
+    )
+    return (
+        update(jobs)
+        .where(c.id == candidates.c.id)
+        .values(
+            status=case(
+                (exhausted, _status(JobStatus.FAILED)), else_=_status(JobStatus.RUNNING)
+            ),
+            attempts=case((exhausted, c.attempts), else_=c.attempts + literal_column("1", Integer)),
+            locked_by=case(
+                (exhausted, null()),
+                else_=bindparam("b_worker", worker_id, PG_UUID(as_uuid=True)),
+            ),
+            lease_token=case((exhausted, null()), else_=func.gen_random_uuid()),
+            run_at=case(
+                (exhausted, c.run_at), else_=_NOW + bindparam("b_lease", lease, Interval)
+            ),
+            finished_at=case((exhausted, _NOW), else_=null()),
+            last_error=case(
+                (exhausted, expired_error),
+                (_RUNNING, reclaimed_error),
+                else_=c.last_error,
+            ),
+        )
+        .returning(*CLAIM_COLUMNS)
+    )
+
+
+def _fence(leases: Collection[Lease]) -> ColumnElement[bool]:
+    # The token is unique to one claim of one job, so "id = ANY AND token = ANY" can only
+    # match a (job, token) pair that belongs together; id = ANY lets the primary key find
+    # the rows.
+    return and_(
+        c.id == func.any(bindparam("b_ids", [lease.job_id for lease in leases], _IDS)),
+        c.lease_token == func.any(bindparam("b_tokens", [lease.token for lease in leases], _UUIDS)),
+        _RUNNING,
+    )
+
+
+def extend_lease_stmt(*, leases: Collection[Lease], lease: timedelta) -> Update:
+    """Move the end of every still-held lease in *leases* to ``now() + lease``.
+
+    Renders ``UPDATE sqlaq_jobs SET run_at = now() + :b_lease WHERE id = ANY(:b_ids) AND
+    lease_token = ANY(:b_tokens) AND status = 'running' RETURNING id, run_at``: one
+    statement per heartbeat whatever the number of jobs in flight. A lease that was
+    lost (reclaimed, cancelled, finished) returns no row.
+    """
+    return (
+        update(jobs)
+        .where(_fence(leases))
+        .values(run_at=_NOW + bindparam("b_lease", lease, Interval))
+        .returning(c.id, c.run_at)
+    )
+
+
+def complete_stmt(*, leases: Collection[Lease]) -> Update:
+    """Mark done every job in *leases* whose lease is still its current one.
+
+    Renders ``UPDATE sqlaq_jobs SET status = 'done', finished_at = now(), lease_token =
+    NULL WHERE <fence> RETURNING id``. Matches no row for a lease that is no longer the
+    job's current one, so a worker whose job was reclaimed cannot finish the newer
+    attempt.
+    """
+    return (
+        update(jobs)
+        .where(_fence(leases))
+        .values(status=_status(JobStatus.DONE), finished_at=_NOW, lease_token=null())
+        .returning(c.id)
+    )
+
+
+def fail_stmt(*, lease: Lease, error: str, retry_in: timedelta | None) -> Update:
+    """Record a failed attempt of the job held by *lease*.
+
+    With *retry_in* and attempts left: ``status = 'queued', run_at = now() + retry_in``.
+    Otherwise ``status = 'failed', finished_at = now()``. Either way ``last_error =
+    error`` and the lease is released. ``RETURNING id, status, run_at``; no row when the
+    lease was lost.
+    """
+    retry = and_(
+        bindparam("b_retry", retry_in is not None, Boolean), c.attempts < c.max_attempts
+    )
+    return (
+        update(jobs)
+        .where(_fence([lease]))
+        .values(
+            status=case(
+                (retry, _status(JobStatus.QUEUED)), else_=_status(JobStatus.FAILED)
+            ),
+            run_at=case(
+                (retry, _NOW + bindparam("b_retry_in", retry_in or timedelta(0), Interval)),
+                else_=c.run_at,
+            ),
+            finished_at=case((retry, null()), else_=_NOW),
+            last_error=bindparam("b_error", error, Text),
+            locked_by=null(),
+            lease_token=null(),
+        )
+        .returning(c.id, c.status, c.run_at)
+    )
+
+
+def retry_stmt(*, job_ids: Collection[int]) -> Update:
+    """Queue failed or cancelled jobs again, due now, with a fresh set of attempts.
+
+    Renders ``UPDATE sqlaq_jobs SET status = 'queued', run_at = now(), attempts = 0,
+    finished_at = NULL WHERE id = ANY(:b_ids) AND status IN ('failed', 'cancelled') AND
+    NOT EXISTS (<a pending job with the same kind and dedupe_key>) RETURNING id``.
+    ``last_error`` is kept as history. A job whose dedupe key is held by another pending
+    job is left alone (retrying it would break the at-most-one-pending rule).
+    """
+    twin = jobs.alias("twin")
+    return (
+        update(jobs)
+        .where(
+            c.id == func.any(bindparam("b_ids", list(job_ids), _IDS)),
+            c.status.in_([_status(JobStatus.FAILED), _status(JobStatus.CANCELLED)]),
+            ~exists().where(
+                twin.c.kind == c.kind,
+                twin.c.dedupe_key == c.dedupe_key,
+                twin.c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)]),
+                twin.c.id != c.id,
+            ),
+        )
+        .values(
+            status=_status(JobStatus.QUEUED),
+            run_at=_NOW,
+            attempts=0,
+            finished_at=null(),
+            locked_by=null(),
+            lease_token=null(),
+        )
+        .returning(c.id)
+    )
+
+
+def cancel_stmt(*, job_ids: Collection[int]) -> Update:
+    """Cancel pending (queued or running) jobs.
+
+    Renders ``UPDATE sqlaq_jobs SET status = 'cancelled', finished_at = now(),
+    lease_token = NULL WHERE id = ANY(:b_ids) AND status IN ('queued', 'running')
+    RETURNING id``. A running job's holder loses its lease: its complete, fail and
+    extend change nothing afterwards, so no result is written over the cancel.
+    """
+    return (
+        update(jobs)
+        .where(c.id == func.any(bindparam("b_ids", list(job_ids), _IDS)), _PENDING)
+        .values(status=_status(JobStatus.CANCELLED), finished_at=_NOW, lease_token=null())
+        .returning(c.id)
+    )
+
+
+def prune_stmt(
+    *, older_than: timedelta, statuses: Collection[JobStatus], limit: int
+) -> Delete:
+    """Delete up to *limit* finished jobs that finished more than *older_than* ago.
+
+    Renders::
+
+        WITH doomed AS MATERIALIZED (
+            SELECT id FROM sqlaq_jobs
+            WHERE status IN ('done', 'failed', 'cancelled') AND status = ANY(:b_statuses)
+              AND finished_at < now() - :b_older_than
+            LIMIT :b_limit FOR UPDATE SKIP LOCKED)
+        DELETE FROM sqlaq_jobs USING doomed WHERE sqlaq_jobs.id = doomed.id
+
+    Pending rows can never match (the literal predicate), and the finished index serves
+    the scan. Run it repeatedly, committing between batches, to prune a large backlog.
+    """
+    doomed = (
+        select(c.id)
+        .where(
+            _FINISHED,
+            c.status == func.any(bindparam("b_statuses", sorted(statuses), ARRAY(Text))),
+            c.finished_at < _NOW - bindparam("b_older_than", older_than, Interval),
+        )
+        .limit(bindparam("b_limit", limit, Integer))
+        .with_for_update(skip_locked=True)
+        .cte("doomed")
+        .prefix_with("MATERIALIZED")
+    )
+    return delete(jobs).where(c.id == doomed.c.id)
+
+
+def recorded_revisions_stmt(*, version_table: str) -> Any:
+    """Select the ``sqlaq_*`` revisions recorded in an Alembic version table."""
+    version = table(version_table, column("version_num", Text))
+    return select(version.c.version_num).where(version.c.version_num.startswith("sqlaq_"))

@@ -1,0 +1,142 @@
+"""The ``sqlaq_jobs`` table, its indexes, and the names of the objects around it.
+
+This module owns the live description of the schema (``sqlaq.metadata``). The shipped
+Alembic revisions do not import it: they are frozen literal DDL, and a test proves that
+the head revision and this module describe the same table.
+
+Design decisions written down here:
+
+* The claim index holds pending rows only (``status IN ('queued','running')``) and is
+  ordered like the claim (``queue, priority DESC, run_at, id``). A worker claims one
+  queue per statement (``queue = :b_queue``), so the index returns rows already in claim
+  order and the plan stays an index scan whatever the number of finished rows.
+* The dedupe index is partial on pending rows *and* on ``dedupe_key IS NOT NULL``: jobs
+  without a key (the common case) cost it nothing on insert. ``ON CONFLICT`` names the
+  same predicate.
+* The finished index (``finished_at`` on done/failed/cancelled rows) serves retention, so
+  pruning a table of millions of finished rows never scans the table.
+* Status literals in predicates are inlined, never bound: a prepared ``ON CONFLICT ...
+  WHERE status IN ($1, $2)`` stops matching the partial index once PostgreSQL switches
+  to a generic plan.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
+
+TABLE_NAME = "sqlaq_jobs"
+#: The NOTIFY channel the insert trigger signals, with the job's queue as payload.
+CHANNEL = "sqlaq_jobs"
+CLAIM_INDEX = "sqlaq_jobs_claim_idx"
+DEDUPE_INDEX = "sqlaq_jobs_dedupe_idx"
+FINISHED_INDEX = "sqlaq_jobs_finished_idx"
+NOTIFY_FUNCTION = "sqlaq_jobs_notify"
+NOTIFY_TRIGGER = "sqlaq_jobs_notify_trg"
+#: Version table of the standalone path (``sqlaq migrate``), for databases with no
+#: Alembic of their own.
+VERSION_TABLE = "sqlaq_alembic_version"
+
+#: Predicates, as SQL text, shared by the indexes and by the statements that must match
+#: them for the planner to use them.
+PENDING_SQL = "status IN ('queued', 'running')"
+FINISHED_SQL = "status IN ('done', 'failed', 'cancelled')"
+DEDUPE_SQL = f"{PENDING_SQL} AND dedupe_key IS NOT NULL"
+
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_ATTEMPTS = 5
+#: Longest accepted ``kind`` or ``queue`` (characters).
+MAX_NAME_LENGTH = 255
+#: Longest accepted ``dedupe_key`` (UTF-8 bytes): (kind, dedupe_key) must fit a btree entry.
+MAX_DEDUPE_KEY_BYTES = 1000
+
+
+class JobStatus(enum.StrEnum):
+    """The states of a job. ``queued -> running -> done | failed``, or ``cancelled``."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+PENDING_STATUSES = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
+FINISHED_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED})
+
+#: Autovacuum storage parameters of the table (set by the shipped revision). A queue table
+#: turns over its rows constantly: vacuum after ~1% churn instead of the default 20%, and
+#: let vacuum work at full speed so dead claim-index entries do not pile up.
+STORAGE_PARAMETERS = {
+    "autovacuum_vacuum_scale_factor": "0.01",
+    "autovacuum_vacuum_threshold": "1000",
+    "autovacuum_vacuum_insert_scale_factor": "0.05",
+    "autovacuum_analyze_scale_factor": "0.02",
+    "autovacuum_vacuum_cost_limit": "2000",
+}
+
+NAMING_CONVENTION = {
+    "ix": "%(column_0_label)s_idx",
+    "uq": "%(table_name)s_%(column_0_name)s_key",
+    "ck": "%(table_name)s_%(constraint_name)s_check",
+    "fk": "%(table_name)s_%(column_0_name)s_fkey",
+    "pk": "%(table_name)s_pkey",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+jobs = Table(
+    TABLE_NAME,
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("queue", Text, nullable=False, server_default=text("'default'")),
+    Column("kind", Text, nullable=False),
+    Column("payload", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("status", Text, nullable=False, server_default=text("'queued'")),
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    Column("run_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("5")),
+    Column("locked_by", UUID(as_uuid=True)),
+    # A fresh random token per claim: the fence of complete/fail/extend. A worker holding
+    # an older claim of the same job (even with the same locked_by) no longer matches.
+    Column("lease_token", UUID(as_uuid=True)),
+    Column("last_error", Text),
+    Column("dedupe_key", Text),
+    Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column("finished_at", TIMESTAMP(timezone=True)),
+    CheckConstraint(
+        "status IN ('queued', 'running', 'done', 'failed', 'cancelled')", name="status"
+    ),
+    CheckConstraint("max_attempts > 0", name="max_attempts"),
+    Index(
+        CLAIM_INDEX,
+        "queue",
+        text("priority DESC"),
+        "run_at",
+        "id",
+        postgresql_where=text(PENDING_SQL),
+    ),
+    Index(
+        DEDUPE_INDEX,
+        "kind",
+        "dedupe_key",
+        unique=True,
+        postgresql_where=text(DEDUPE_SQL),
+    ),
+    Index(FINISHED_INDEX, "finished_at", postgresql_where=text(FINISHED_SQL)),
+)

@@ -1,0 +1,124 @@
+"""Fixtures: a database of the suite's own on a real PostgreSQL, migrated to heads.
+
+Where the server comes from, in order:
+1. ``SQLAQ_TEST_DATABASE_URL`` when set;
+2. else the local server, ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``;
+3. only if neither answers and a Docker engine does, a throwaway PostgreSQL started
+   with testcontainers (not exercised on the project's CI machine, which has no Docker).
+
+The suite never touches the database it connects to first: it creates
+``sqlaq_test_<random>`` there, runs everything in it, and drops it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def _answers(url: str) -> bool:
+    engine = create_engine(url, connect_args={"connect_timeout": 3})
+    try:
+        with engine.connect():
+            return True
+    except OperationalError:
+        return False
+    finally:
+        engine.dispose()
+
+
+def _server_url() -> Iterator[str]:
+    given = os.environ.get("SQLAQ_TEST_DATABASE_URL")
+    if given:
+        yield given
+        return
+    if _answers(LOCAL_URL):
+        yield LOCAL_URL
+        return
+    try:  # pragma: no cover - needs Docker, which the CI machine does not have
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:15", driver="psycopg") as pg:
+            yield pg.get_connection_url()
+    except Exception as exc:  # pragma: no cover
+        pytest.exit(
+            f"no PostgreSQL: {LOCAL_URL} does not answer, SQLAQ_TEST_DATABASE_URL is not set, "
+            f"and testcontainers could not start one ({exc})",
+            returncode=3,
+        )
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    yield from _server_url()
+
+
+@pytest.fixture(scope="session")
+def database_url(server_url: str) -> Iterator[str]:
+    """URL of a fresh database of the suite's own, dropped at the end."""
+    name = f"sqlaq_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def alembic_config(url: str) -> Config:
+    """The repository's own alembic.ini, pointed at *url*."""
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.attributes["configure_logger"] = False
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def engine(database_url: str) -> Iterator[Engine]:
+    """An engine on the suite's database, migrated to heads through alembic.ini."""
+    command.upgrade(alembic_config(database_url), "heads")
+    eng = create_engine(database_url, pool_size=10, max_overflow=20)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+@pytest.fixture
+def conn(engine: Engine) -> Iterator[Connection]:
+    """A connection inside a transaction that is rolled back after the test."""
+    with engine.connect() as connection:
+        trans = connection.begin()
+        try:
+            yield connection
+        finally:
+            trans.rollback()
+
+
+@pytest.fixture
+def committed(engine: Engine) -> Iterator[Engine]:
+    """For tests that need committed data on several connections: empties the table
+    before and after the test."""
+    with engine.begin() as c:
+        c.execute(text("TRUNCATE sqlaq_jobs"))
+    try:
+        yield engine
+    finally:
+        with engine.begin() as c:
+            c.execute(text("TRUNCATE sqlaq_jobs"))
