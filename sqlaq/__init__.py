@@ -7,6 +7,7 @@ Alembic revisions shipped as their own branch, and a thin worker. See README.md.
 from __future__ import annotations
 
 from sqlaq import migrations, queries
+from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
 from sqlaq.encoding import NewJob
 from sqlaq.errors import (
     ConfigError,
@@ -31,7 +32,6 @@ from sqlaq.ops import (
     prune,
     retry,
 )
-from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
 from sqlaq.schema import JobStatus, jobs, metadata
 
 __all__ = [

@@ -19,8 +19,8 @@ from uuid import UUID
 
 from sqlalchemy.orm import DeclarativeBase, Mapped, validates
 
-from sqlaq.errors import InvalidJobError
 from sqlaq.encoding import check_dedupe_key, check_int, check_name, encode_payload
+from sqlaq.errors import InvalidJobError
 from sqlaq.schema import jobs, metadata
 
 _INT4_MAX = 2_147_483_647

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, CursorResult
 from sqlalchemy.orm import Session
 
 from sqlaq import queries
@@ -163,13 +163,11 @@ def enqueue_many(conn: Executor, jobs: Iterable[NewJob]) -> list[EnqueueResult]:
     batch = list(jobs)
     for index, job in enumerate(batch):
         if not isinstance(job, NewJob):
-            raise InvalidJobError(
-                f"jobs[{index}] must be a sqlaq.NewJob, got {type(job).__name__}"
-            )
+            raise InvalidJobError(f"jobs[{index}] must be a sqlaq.NewJob, got {type(job).__name__}")
     if not batch:
         return []
-    rows = conn.execute(queries.enqueue_many_stmt(jobs_=batch)).all()
-    rows.sort(key=lambda row: row[0])  # ids are drawn in input order
+    # Identity values are drawn in input order, so sorted ids line up with the input.
+    rows = sorted(conn.execute(queries.enqueue_many_stmt(jobs_=batch)).all(), key=lambda r: r[0])
     inserted = iter(rows)
     results: list[EnqueueResult | None] = []
     next_row = next(inserted, None)
@@ -183,7 +181,7 @@ def enqueue_many(conn: Executor, jobs: Iterable[NewJob]) -> list[EnqueueResult]:
     if missing:
         kinds, keys = zip(*missing, strict=True)
         found = conn.execute(
-            queries.find_pending_duplicates_stmt(kinds=kinds, dedupe_keys=keys)  # type: ignore[arg-type]
+            queries.find_pending_duplicates_stmt(kinds=kinds, dedupe_keys=keys)
         ).all()
         twins = {(row[1], row[2]): row[0] for row in found}
         for index, (job, result) in enumerate(zip(batch, results, strict=True)):
@@ -410,4 +408,5 @@ def prune(
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigError(f"limit must be a positive int, got {limit!r}")
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit)
-    return conn.execute(stmt).rowcount
+    result: CursorResult[Any] = conn.execute(stmt)  # type: ignore[assignment]
+    return int(result.rowcount)

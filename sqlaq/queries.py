@@ -36,6 +36,7 @@ from sqlalchemy import (
     Boolean,
     ColumnElement,
     Delete,
+    Insert,
     Integer,
     Interval,
     SmallInteger,
@@ -53,10 +54,9 @@ from sqlalchemy import (
     null,
     select,
     table,
-    text,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, Insert, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
 from sqlaq.encoding import NewJob
@@ -71,7 +71,10 @@ __all__ = [
     "enqueue_stmt",
     "extend_lease_stmt",
     "fail_stmt",
+    "find_pending_duplicate_stmt",
+    "find_pending_duplicates_stmt",
     "prune_stmt",
+    "recorded_revisions_stmt",
     "retry_stmt",
 ]
 
@@ -87,7 +90,9 @@ _RUNNING = c.status == _status(JobStatus.RUNNING)
 # The predicates of the partial indexes (schema.py), as column expressions so they are
 # qualified in joins; their literals are inlined, so the planner can match the indexes.
 _PENDING = c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)])
-_FINISHED = c.status.in_([_status(s) for s in (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED)])
+_FINISHED = c.status.in_(
+    [_status(s) for s in (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED)]
+)
 _DEDUPE = and_(_PENDING, c.dedupe_key.is_not(None))
 _NOW = func.now()
 _IDS = ARRAY(BigInteger)
@@ -154,7 +159,7 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob]) -> Insert:
     drawn in ``ORDER BY`` order, so sorting the returned rows by id gives the inserted
     jobs in input order; a job skipped as a duplicate returns no row.
     """
-    arrays = {
+    arrays: dict[str, tuple[list[Any], ARRAY[Any]]] = {
         "b_queues": ([j.queue for j in jobs_], ARRAY(Text)),
         "b_kinds": ([j.kind for j in jobs_], ARRAY(Text)),
         "b_payloads": ([j.payload_json for j in jobs_], ARRAY(Text)),
@@ -166,7 +171,13 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob]) -> Insert:
     rows = (
         func.unnest(*(bindparam(name, value, type_) for name, (value, type_) in arrays.items()))
         .table_valued(
-            "queue", "kind", "payload", "priority", "delay", "max_attempts", "dedupe_key",
+            "queue",
+            "kind",
+            "payload",
+            "priority",
+            "delay",
+            "max_attempts",
+            "dedupe_key",
             with_ordinality="ordinality",
         )
         .render_derived(name="new_jobs")
@@ -184,9 +195,7 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob]) -> Insert:
         ["queue", "kind", "payload", "priority", "run_at", "max_attempts", "dedupe_key"],
         source,
     )
-    stmt = stmt.on_conflict_do_nothing(
-        index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE
-    )
+    stmt = stmt.on_conflict_do_nothing(index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE)
     return stmt.returning(c.id, c.kind, c.dedupe_key)
 
 
@@ -200,9 +209,11 @@ def find_pending_duplicates_stmt(*, kinds: Sequence[str], dedupe_keys: Sequence[
         .table_valued("kind", "dedupe_key")
         .render_derived(name="wanted")
     )
-    return select(c.id, c.kind, c.dedupe_key).join_from(
-        jobs, pairs, and_(c.kind == pairs.c.kind, c.dedupe_key == pairs.c.dedupe_key)
-    ).where(_DEDUPE)
+    return (
+        select(c.id, c.kind, c.dedupe_key)
+        .join_from(jobs, pairs, and_(c.kind == pairs.c.kind, c.dedupe_key == pairs.c.dedupe_key))
+        .where(_DEDUPE)
+    )
 
 
 def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> Update:
@@ -257,18 +268,14 @@ def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> 
         update(jobs)
         .where(c.id == candidates.c.id)
         .values(
-            status=case(
-                (exhausted, _status(JobStatus.FAILED)), else_=_status(JobStatus.RUNNING)
-            ),
+            status=case((exhausted, _status(JobStatus.FAILED)), else_=_status(JobStatus.RUNNING)),
             attempts=case((exhausted, c.attempts), else_=c.attempts + literal_column("1", Integer)),
             locked_by=case(
                 (exhausted, null()),
                 else_=bindparam("b_worker", worker_id, PG_UUID(as_uuid=True)),
             ),
             lease_token=case((exhausted, null()), else_=func.gen_random_uuid()),
-            run_at=case(
-                (exhausted, c.run_at), else_=_NOW + bindparam("b_lease", lease, Interval)
-            ),
+            run_at=case((exhausted, c.run_at), else_=_NOW + bindparam("b_lease", lease, Interval)),
             finished_at=case((exhausted, _NOW), else_=null()),
             last_error=case(
                 (exhausted, expired_error),
@@ -331,16 +338,12 @@ def fail_stmt(*, lease: Lease, error: str, retry_in: timedelta | None) -> Update
     error`` and the lease is released. ``RETURNING id, status, run_at``; no row when the
     lease was lost.
     """
-    retry = and_(
-        bindparam("b_retry", retry_in is not None, Boolean), c.attempts < c.max_attempts
-    )
+    retry = and_(bindparam("b_retry", retry_in is not None, Boolean), c.attempts < c.max_attempts)
     return (
         update(jobs)
         .where(_fence([lease]))
         .values(
-            status=case(
-                (retry, _status(JobStatus.QUEUED)), else_=_status(JobStatus.FAILED)
-            ),
+            status=case((retry, _status(JobStatus.QUEUED)), else_=_status(JobStatus.FAILED)),
             run_at=case(
                 (retry, _NOW + bindparam("b_retry_in", retry_in or timedelta(0), Interval)),
                 else_=c.run_at,
@@ -379,7 +382,7 @@ def retry_stmt(*, job_ids: Collection[int]) -> Update:
         .values(
             status=_status(JobStatus.QUEUED),
             run_at=_NOW,
-            attempts=0,
+            attempts=literal_column("0", Integer),
             finished_at=null(),
             locked_by=null(),
             lease_token=null(),
@@ -404,9 +407,7 @@ def cancel_stmt(*, job_ids: Collection[int]) -> Update:
     )
 
 
-def prune_stmt(
-    *, older_than: timedelta, statuses: Collection[JobStatus], limit: int
-) -> Delete:
+def prune_stmt(*, older_than: timedelta, statuses: Collection[JobStatus], limit: int) -> Delete:
     """Delete up to *limit* finished jobs that finished more than *older_than* ago.
 
     Renders::

@@ -23,14 +23,13 @@ import io
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect
 
-from sqlaq.queries import recorded_revisions_stmt
-
+from alembic import command
 from sqlaq.errors import SchemaOutOfDateError
+from sqlaq.queries import recorded_revisions_stmt
 from sqlaq.schema import (
     CLAIM_INDEX,
     DEDUPE_INDEX,
@@ -132,7 +131,7 @@ def current_revision(
             continue
         found = sorted(connection.execute(recorded_revisions_stmt(version_table=name)).scalars())
         if found:
-            return found[-1]
+            return str(found[-1])
     return None
 
 

@@ -1,0 +1,32 @@
+"""nox is the source of truth for checks: `nox -s tests lint types`."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "types"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHON = None  # the interpreter nox runs on (>= 3.11)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Run the test suite against a real PostgreSQL (see tests/conftest.py)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def types(session: nox.Session) -> None:
+    """mypy --strict over the package."""
+    session.install("-e", ".", "mypy")
+    session.run("mypy")

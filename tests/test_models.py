@@ -1,0 +1,110 @@
+"""The ORM-mapped Job beside a host's own models, and transactional enqueue."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, ForeignKey, String, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+import sqlaq
+from sqlaq import Job
+
+
+class HostBase(DeclarativeBase):
+    """A host application's own declarative base, with its own MetaData."""
+
+
+class Order(HostBase):
+    __tablename__ = "test_orders"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    item: Mapped[str] = mapped_column(String(50))
+    # Host foreign keys to jobs use the Column object: a string would be resolved in the
+    # host's MetaData, which does not hold sqlaq_jobs.
+    job_id: Mapped[int | None] = mapped_column(ForeignKey(sqlaq.jobs.c.id))
+
+
+@pytest.fixture
+def host_tables(committed: Engine) -> Iterator[Engine]:
+    HostBase.metadata.create_all(committed)
+    try:
+        yield committed
+    finally:
+        HostBase.metadata.drop_all(committed)
+
+
+@pytest.fixture
+def listener(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    url = make_url(database_url)
+    with psycopg.connect(
+        host=url.host, port=url.port, user=url.username, dbname=url.database, autocommit=True
+    ) as conn:
+        conn.execute("LISTEN sqlaq_jobs")
+        yield conn
+
+
+def _notifications(
+    conn: psycopg.Connection[tuple[object, ...]], timeout: float, stop_after: int | None = None
+) -> list[str]:
+    return [n.payload for n in conn.notifies(timeout=timeout, stop_after=stop_after)]
+
+
+def test_job_and_host_row_commit_together_and_wake_workers(
+    host_tables: Engine, listener: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    with Session(host_tables) as session:
+        job = Job(kind="ship_order", payload={"order": 1}, queue="shipping")
+        session.add(job)
+        session.flush()  # eager_defaults: id and server defaults are loaded
+        session.add(Order(id=1, item="book", job_id=job.id))
+        session.commit()
+        assert job.status == "queued"
+        assert job.attempts == 0
+        assert job.max_attempts == 5
+        assert job.created_at is not None
+
+    assert _notifications(listener, timeout=5, stop_after=1) == ["shipping"]
+    assert _notifications(listener, timeout=0.2) == []
+    with Session(host_tables) as session:
+        order = session.get(Order, 1)
+        assert order is not None
+        stored = session.get(Job, order.job_id)
+        assert stored is not None
+        assert (stored.kind, stored.payload, stored.queue) == (
+            "ship_order",
+            {"order": 1},
+            "shipping",
+        )
+
+
+def test_rolled_back_enqueue_leaves_no_job_and_no_notification(
+    host_tables: Engine, listener: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    with Session(host_tables) as session:
+        session.add(Order(id=2, item="pen"))
+        session.add(Job(kind="ship_order", payload={"order": 2}))
+        sqlaq.enqueue(session, "audit", {"order": 2})
+        session.flush()
+        session.rollback()
+    assert _notifications(listener, timeout=0.5) == []
+    with host_tables.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 0
+        assert conn.execute(text("SELECT count(*) FROM test_orders")).scalar_one() == 0
+
+
+def test_operations_run_on_a_session_in_its_transaction(host_tables: Engine) -> None:
+    import uuid
+
+    with Session(host_tables) as session:
+        session.add(Order(id=3, item="cup"))
+        result = sqlaq.enqueue(session, "ship_order", {"order": 3}, dedupe_key="order-3")
+        assert sqlaq.enqueue(session, "ship_order", dedupe_key="order-3").duplicate
+        (claimed,) = sqlaq.claim(session, worker_id=uuid.uuid4())
+        assert claimed.id == result.job_id
+        sqlaq.complete(session, claimed.lease)
+        session.commit()
+    with Session(host_tables) as session:
+        assert session.scalars(select(Job.status)).all() == ["done"]
