@@ -25,7 +25,9 @@ def database_url() -> str:
     url = os.environ.get("SQLAQ_DATABASE_URL")
     if url:
         return url
-    admin = create_engine(make_url(DEFAULT_URL).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    admin = create_engine(
+        make_url(DEFAULT_URL).set(database="postgres"), isolation_level="AUTOCOMMIT"
+    )
     with admin.connect() as conn:
         exists = conn.execute(
             text("SELECT 1 FROM pg_database WHERE datname = 'sqlaq_quickstart'")
@@ -59,9 +61,9 @@ def main() -> None:
             sqlaq.complete(conn, item.lease)
     with engine.connect() as conn:
         status = conn.execute(
-            sqlaq.jobs.select().with_only_columns(sqlaq.jobs.c.status).where(
-                sqlaq.jobs.c.id == job.job_id
-            )
+            sqlaq.jobs.select()
+            .with_only_columns(sqlaq.jobs.c.status)
+            .where(sqlaq.jobs.c.id == job.job_id)
         ).scalar_one()
     print(f"job {job.job_id} is {status}")
     engine.dispose()
