@@ -36,6 +36,11 @@ class Job(_Base):
     Only ``kind`` is required; everything else has the table's default (queue
     ``'default'``, payload ``{}``, due now, five attempts). ``eager_defaults`` loads the
     server-generated ``id``, ``status`` and timestamps at flush.
+
+    For a ``dedupe_key`` use :func:`sqlaq.enqueue` on the session instead: the ORM's
+    INSERT has no ``ON CONFLICT``, so a duplicate would raise IntegrityError at flush and
+    abort the whole transaction, while ``enqueue`` reports the existing job and leaves
+    the transaction usable.
     """
 
     __table__ = jobs
