@@ -19,6 +19,10 @@ Rules every builder keeps (each learnt the hard way, see DESIGN.md B):
 * Bind parameters are named ``b_*`` (never like a column) and id lists use
   ``= ANY(:b_ids)``, so one prepared statement serves any list length.
 * RETURNING lists its columns.
+* Hot statements can be built once and run many times: each ``*_params`` function gives
+  the bind values of its builder, and execution parameters override the values a
+  statement was built with (``conn.execute(stmt, claim_params(...))``). Building a claim
+  costs about a millisecond in Python; running a cached one costs nothing extra.
 * Claims and retention pick their rows in a ``MATERIALIZED`` CTE with ``FOR UPDATE SKIP
   LOCKED`` joined to the UPDATE/DELETE: the ``id IN (SELECT ... LIMIT n)`` form can be
   re-run per row under a nested loop and touch far more than *n* rows.
@@ -65,12 +69,16 @@ from sqlaq.schema import JobStatus, jobs
 
 __all__ = [
     "cancel_stmt",
+    "claim_params",
     "claim_stmt",
     "complete_stmt",
     "enqueue_many_stmt",
+    "enqueue_params",
     "enqueue_stmt",
     "extend_lease_stmt",
+    "fail_params",
     "fail_stmt",
+    "fence_params",
     "find_pending_duplicate_stmt",
     "find_pending_duplicates_stmt",
     "prune_stmt",
@@ -114,6 +122,19 @@ CLAIM_COLUMNS = (
 )
 
 
+def enqueue_params(job: NewJob) -> dict[str, Any]:
+    """The bind values of :func:`enqueue_stmt` for *job*."""
+    return {
+        "b_queue": job.queue,
+        "b_kind": job.kind,
+        "b_payload": job.payload_json,
+        "b_priority": job.priority,
+        "b_delay": job.delay,
+        "b_max_attempts": job.max_attempts,
+        "b_dedupe_key": job.dedupe_key,
+    }
+
+
 def enqueue_stmt(*, job: NewJob) -> Insert:
     """Insert one job; ``RETURNING id``.
 
@@ -121,14 +142,15 @@ def enqueue_stmt(*, job: NewJob) -> Insert:
     ``dedupe_key`` it adds ``ON CONFLICT (kind, dedupe_key) WHERE <pending> DO NOTHING``,
     so a duplicate returns no row and leaves the caller's transaction usable.
     """
+    v = enqueue_params(job)
     stmt = insert(jobs).values(
-        queue=bindparam("b_queue", job.queue, Text),
-        kind=bindparam("b_kind", job.kind, Text),
-        payload=cast(bindparam("b_payload", job.payload_json, Text), JSONB),
-        priority=bindparam("b_priority", job.priority, SmallInteger),
-        run_at=_NOW + bindparam("b_delay", job.delay, Interval),
-        max_attempts=bindparam("b_max_attempts", job.max_attempts, Integer),
-        dedupe_key=bindparam("b_dedupe_key", job.dedupe_key, Text),
+        queue=bindparam("b_queue", v["b_queue"], Text),
+        kind=bindparam("b_kind", v["b_kind"], Text),
+        payload=cast(bindparam("b_payload", v["b_payload"], Text), JSONB),
+        priority=bindparam("b_priority", v["b_priority"], SmallInteger),
+        run_at=_NOW + bindparam("b_delay", v["b_delay"], Interval),
+        max_attempts=bindparam("b_max_attempts", v["b_max_attempts"], Integer),
+        dedupe_key=bindparam("b_dedupe_key", v["b_dedupe_key"], Text),
     )
     if job.dedupe_key is not None:
         stmt = stmt.on_conflict_do_nothing(
@@ -216,6 +238,11 @@ def find_pending_duplicates_stmt(*, kinds: Sequence[str], dedupe_keys: Sequence[
     )
 
 
+def claim_params(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> dict[str, Any]:
+    """The bind values of :func:`claim_stmt`."""
+    return {"b_queue": queue, "b_worker": worker_id, "b_limit": limit, "b_lease": lease}
+
+
 def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> Update:
     """Claim up to *limit* due jobs of *queue*, in priority order; never more.
 
@@ -235,15 +262,16 @@ def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> 
     expired, and returned with status ``failed`` so the caller can skip it: a job that
     kills its worker every time ends failed and never loops.
     """
+    v = claim_params(queue=queue, worker_id=worker_id, limit=limit, lease=lease)
     candidates = (
         select(c.id)
         .where(
             _PENDING,
-            c.queue == bindparam("b_queue", queue, Text),
+            c.queue == bindparam("b_queue", v["b_queue"], Text),
             c.run_at <= _NOW,
         )
         .order_by(c.priority.desc(), c.run_at, c.id)
-        .limit(bindparam("b_limit", limit, Integer))
+        .limit(bindparam("b_limit", v["b_limit"], Integer))
         .with_for_update(skip_locked=True)
         .cte("candidates")
         .prefix_with("MATERIALIZED")
@@ -272,10 +300,12 @@ def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> 
             attempts=case((exhausted, c.attempts), else_=c.attempts + literal_column("1", Integer)),
             locked_by=case(
                 (exhausted, null()),
-                else_=bindparam("b_worker", worker_id, PG_UUID(as_uuid=True)),
+                else_=bindparam("b_worker", v["b_worker"], PG_UUID(as_uuid=True)),
             ),
             lease_token=case((exhausted, null()), else_=func.gen_random_uuid()),
-            run_at=case((exhausted, c.run_at), else_=_NOW + bindparam("b_lease", lease, Interval)),
+            run_at=case(
+                (exhausted, c.run_at), else_=_NOW + bindparam("b_lease", v["b_lease"], Interval)
+            ),
             finished_at=case((exhausted, _NOW), else_=null()),
             last_error=case(
                 (exhausted, expired_error),
@@ -287,13 +317,22 @@ def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> 
     )
 
 
+def fence_params(leases: Collection[Lease]) -> dict[str, Any]:
+    """The bind values that fence :func:`complete_stmt` (and the others) to *leases*."""
+    return {
+        "b_ids": [lease.job_id for lease in leases],
+        "b_tokens": [lease.token for lease in leases],
+    }
+
+
 def _fence(leases: Collection[Lease]) -> ColumnElement[bool]:
     # The token is unique to one claim of one job, so "id = ANY AND token = ANY" can only
     # match a (job, token) pair that belongs together; id = ANY lets the primary key find
     # the rows.
+    v = fence_params(leases)
     return and_(
-        c.id == func.any(bindparam("b_ids", [lease.job_id for lease in leases], _IDS)),
-        c.lease_token == func.any(bindparam("b_tokens", [lease.token for lease in leases], _UUIDS)),
+        c.id == func.any(bindparam("b_ids", v["b_ids"], _IDS)),
+        c.lease_token == func.any(bindparam("b_tokens", v["b_tokens"], _UUIDS)),
         _RUNNING,
     )
 
@@ -330,6 +369,15 @@ def complete_stmt(*, leases: Collection[Lease]) -> Update:
     )
 
 
+def fail_params(*, lease: Lease, error: str, retry_in: timedelta | None) -> dict[str, Any]:
+    """The bind values of :func:`fail_stmt`."""
+    return fence_params([lease]) | {
+        "b_retry": retry_in is not None,
+        "b_retry_in": retry_in or timedelta(0),
+        "b_error": error,
+    }
+
+
 def fail_stmt(*, lease: Lease, error: str, retry_in: timedelta | None) -> Update:
     """Record a failed attempt of the job held by *lease*.
 
@@ -338,18 +386,19 @@ def fail_stmt(*, lease: Lease, error: str, retry_in: timedelta | None) -> Update
     error`` and the lease is released. ``RETURNING id, status, run_at``; no row when the
     lease was lost.
     """
-    retry = and_(bindparam("b_retry", retry_in is not None, Boolean), c.attempts < c.max_attempts)
+    v = fail_params(lease=lease, error=error, retry_in=retry_in)
+    retry = and_(bindparam("b_retry", v["b_retry"], Boolean), c.attempts < c.max_attempts)
     return (
         update(jobs)
         .where(_fence([lease]))
         .values(
             status=case((retry, _status(JobStatus.QUEUED)), else_=_status(JobStatus.FAILED)),
             run_at=case(
-                (retry, _NOW + bindparam("b_retry_in", retry_in or timedelta(0), Interval)),
+                (retry, _NOW + bindparam("b_retry_in", v["b_retry_in"], Interval)),
                 else_=c.run_at,
             ),
             finished_at=case((retry, null()), else_=_NOW),
-            last_error=bindparam("b_error", error, Text),
+            last_error=bindparam("b_error", v["b_error"], Text),
             locked_by=null(),
             lease_token=null(),
         )
@@ -441,3 +490,48 @@ def recorded_revisions_stmt(*, version_table: str) -> Any:
     """Select the ``sqlaq_*`` revisions recorded in an Alembic version table."""
     version = table(version_table, column("version_num", Text))
     return select(version.c.version_num).where(version.c.version_num.startswith("sqlaq_"))
+
+
+# --- worker support ---
+
+
+def handback_stmt(*, leases: Collection[Lease]) -> Select[tuple[int, Any]]:
+    """Give running jobs back to their queue, due now, with the attempt refunded.
+
+    For a worker that stops before its jobs finish: a deploy is not a failure, so the
+    attempt the claim counted is taken back and another worker may start the job at
+    once. Renders::
+
+        WITH handed AS (
+            UPDATE sqlaq_jobs SET status = 'queued', run_at = now(),
+                attempts = greatest(attempts - 1, 0), locked_by = NULL, lease_token = NULL
+            WHERE <fence> RETURNING id, queue)
+        SELECT handed.id, pg_notify('sqlaq_jobs', handed.queue) FROM handed
+
+    Fenced like complete: a lease already lost changes nothing. The notification (sent
+    on commit, one per queue) wakes idle workers instead of leaving the jobs to a poll.
+    ``last_error`` is kept.
+    """
+    handed = (
+        update(jobs)
+        .where(_fence(leases))
+        .values(
+            status=_status(JobStatus.QUEUED),
+            run_at=_NOW,
+            attempts=func.greatest(c.attempts - literal_column("1", Integer), 0),
+            locked_by=null(),
+            lease_token=null(),
+        )
+        .returning(c.id, c.queue)
+        .cte("handed")
+    )
+    return select(handed.c.id, func.pg_notify(CHANNEL, handed.c.queue))
+
+
+def listen_stmt(*, channel: str = CHANNEL) -> psycopg.sql.Composed:
+    """``LISTEN "<channel>"``, for the worker's dedicated psycopg connection.
+
+    A psycopg statement rather than a SQLAlchemy one: LISTEN must run on a raw autocommit
+    connection that stays outside the pool (see :mod:`sqlaq.listener`).
+    """
+    return psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
