@@ -29,8 +29,8 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import sqlaq  # noqa: E402
-from sqlaq import NewJob  # noqa: E402
+import sqlaq
+from sqlaq import NewJob
 
 DEFAULT_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
