@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from logging.config import fileConfig
 
+from alembic import context
 from sqlalchemy import MetaData, create_engine
 
 import sqlaq.migrations
-from alembic import context
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -35,6 +35,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+import psycopg.sql
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -43,6 +44,7 @@ from sqlalchemy import (
     Insert,
     Integer,
     Interval,
+    Select,
     SmallInteger,
     Text,
     Update,
@@ -50,14 +52,12 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
-    column,
     delete,
     exists,
     func,
     literal_column,
     null,
     select,
-    table,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
@@ -65,7 +65,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
 from sqlaq.encoding import NewJob
 from sqlaq.lease import Lease
-from sqlaq.schema import JobStatus, jobs
+from sqlaq.schema import CHANNEL, REVISION_FUNCTION, JobStatus, jobs
 
 __all__ = [
     "cancel_stmt",
@@ -81,9 +81,12 @@ __all__ = [
     "fence_params",
     "find_pending_duplicate_stmt",
     "find_pending_duplicates_stmt",
+    "has_schema_revision_stmt",
+    "handback_stmt",
+    "listen_stmt",
     "prune_stmt",
-    "recorded_revisions_stmt",
     "retry_stmt",
+    "schema_revision_stmt",
 ]
 
 c = jobs.c
@@ -486,16 +489,22 @@ def prune_stmt(*, older_than: timedelta, statuses: Collection[JobStatus], limit:
     return delete(jobs).where(c.id == doomed.c.id)
 
 
-def recorded_revisions_stmt(*, version_table: str) -> Any:
-    """Select the ``sqlaq_*`` revisions recorded in an Alembic version table."""
-    version = table(version_table, column("version_num", Text))
-    return select(version.c.version_num).where(version.c.version_num.startswith("sqlaq_"))
+def has_schema_revision_stmt() -> Any:
+    """Select whether the revision marker function exists (on the search path)."""
+    return select(
+        func.to_regprocedure(literal_column(f"'{REVISION_FUNCTION}()'", Text)).is_not(None)
+    )
+
+
+def schema_revision_stmt() -> Any:
+    """Select the sqlaq revision the schema records (fails if the marker is missing)."""
+    return select(getattr(func, REVISION_FUNCTION)())
 
 
 # --- worker support ---
 
 
-def handback_stmt(*, leases: Collection[Lease]) -> Select[tuple[int, Any]]:
+def handback_stmt(*, leases: Collection[Lease]) -> Select[int, Any]:
     """Give running jobs back to their queue, due now, with the attempt refunded.
 
     For a worker that stops before its jobs finish: a deploy is not a failure, so the
@@ -518,14 +527,18 @@ def handback_stmt(*, leases: Collection[Lease]) -> Select[tuple[int, Any]]:
         .values(
             status=_status(JobStatus.QUEUED),
             run_at=_NOW,
-            attempts=func.greatest(c.attempts - literal_column("1", Integer), 0),
+            attempts=func.greatest(
+                c.attempts - literal_column("1", Integer), literal_column("0", Integer)
+            ),
             locked_by=null(),
             lease_token=null(),
         )
         .returning(c.id, c.queue)
         .cte("handed")
     )
-    return select(handed.c.id, func.pg_notify(CHANNEL, handed.c.queue))
+    # The channel is a constant of schema.py, inlined like the status literals.
+    channel = literal_column(f"'{CHANNEL}'", Text)
+    return select(handed.c.id, func.pg_notify(channel, handed.c.queue))
 
 
 def listen_stmt(*, channel: str = CHANNEL) -> psycopg.sql.Composed:

@@ -47,6 +47,8 @@ DEDUPE_INDEX = "sqlaq_jobs_dedupe_idx"
 FINISHED_INDEX = "sqlaq_jobs_finished_idx"
 NOTIFY_FUNCTION = "sqlaq_jobs_notify"
 NOTIFY_TRIGGER = "sqlaq_jobs_notify_trg"
+#: A SQL function that returns the schema's sqlaq revision (each revision replaces it).
+REVISION_FUNCTION = "sqlaq_jobs_schema_revision"
 #: Version table of the standalone path (``sqlaq migrate``), for databases with no
 #: Alembic of their own.
 VERSION_TABLE = "sqlaq_alembic_version"

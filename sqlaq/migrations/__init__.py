@@ -20,16 +20,16 @@ Two ways to install the schema:
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, inspect
+from sqlalchemy import Connection
 
-from alembic import command
 from sqlaq.errors import SchemaOutOfDateError
-from sqlaq.queries import recorded_revisions_stmt
+from sqlaq.queries import has_schema_revision_stmt, schema_revision_stmt
 from sqlaq.schema import (
     CLAIM_INDEX,
     DEDUPE_INDEX,
@@ -61,8 +61,6 @@ SCRIPT_LOCATION = "sqlaq:migrations"
 
 _OWN_TABLES = frozenset({TABLE_NAME, VERSION_TABLE})
 _OWN_INDEXES = frozenset({CLAIM_INDEX, DEDUPE_INDEX, FINISHED_INDEX})
-#: Version tables searched for sqlaq's revision: a host's default one and the standalone.
-DEFAULT_VERSION_TABLES = ("alembic_version", VERSION_TABLE)
 
 
 def include_name(name: str | None, type_: str, parent_names: Mapping[str, Any]) -> bool:
@@ -100,7 +98,12 @@ def head_revision() -> str:
 
 
 def upgrade(connection: Connection, revision: str = "heads") -> None:
-    """Apply sqlaq's revisions on *connection* (standalone path; commits per revision)."""
+    """Apply sqlaq's revisions on *connection* (standalone path).
+
+    On a connection with no transaction open, each revision is committed as it is
+    applied. On a connection already in a transaction (any earlier statement autobegins
+    one), the DDL runs inside it and nothing is committed: the caller decides.
+    """
     command.upgrade(standalone_config(connection=connection), revision)
 
 
@@ -111,31 +114,27 @@ def downgrade(connection: Connection, revision: str = "base") -> None:
 
 def upgrade_sql(revision: str = "heads") -> str:
     """The DDL of the standalone upgrade, as SQL text, without touching a database."""
+    buffer = io.StringIO()
     cfg = standalone_config("postgresql://")
+    cfg.output_buffer = buffer  # offline DDL goes here (sys.stdout when unset)
     command.upgrade(cfg, revision, sql=True)
-    out = cfg.stdout
-    return out.getvalue() if isinstance(out, io.StringIO) else ""
+    return buffer.getvalue()
 
 
-def current_revision(
-    connection: Connection, version_tables: Iterable[str] = DEFAULT_VERSION_TABLES
-) -> str | None:
-    """The sqlaq revision recorded in the database, or None when there is none.
+def current_revision(connection: Connection) -> str | None:
+    """The sqlaq revision the schema records, or None when sqlaq is not installed.
 
-    Looks in each of *version_tables* that exists (a host's ``alembic_version`` and the
-    standalone ``sqlaq_alembic_version`` by default) for a ``sqlaq_*`` revision.
+    Read from the schema itself (the ``sqlaq_jobs_schema_revision()`` function every
+    revision replaces), not from a version table: a host revision that depends on
+    ``sqlaq_0001`` makes Alembic record only the host's revision, and a host may name
+    its version table as it likes.
     """
-    present = set(inspect(connection).get_table_names())
-    for name in version_tables:
-        if name not in present:
-            continue
-        found = sorted(connection.execute(recorded_revisions_stmt(version_table=name)).scalars())
-        if found:
-            return str(found[-1])
-    return None
+    if not connection.execute(has_schema_revision_stmt()).scalar_one():
+        return None
+    return str(connection.execute(schema_revision_stmt()).scalar_one())
 
 
-def check(connection: Connection, version_tables: Iterable[str] = DEFAULT_VERSION_TABLES) -> str:
+def check(connection: Connection) -> str:
     """Return the current sqlaq revision if it is this sqlaq's head, else raise.
 
     Raises:
@@ -143,7 +142,7 @@ def check(connection: Connection, version_tables: Iterable[str] = DEFAULT_VERSIO
             message names the command to run.
     """
     head = head_revision()
-    current = current_revision(connection, version_tables)
+    current = current_revision(connection)
     if current == head:
         return current
     if current is None:

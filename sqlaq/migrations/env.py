@@ -8,9 +8,9 @@ with a host's ``alembic_version``.
 
 from __future__ import annotations
 
+from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from alembic import context
 from sqlaq.schema import VERSION_TABLE, metadata
 
 config = context.config

@@ -88,9 +88,17 @@ def upgrade() -> None:
         "REFERENCING NEW TABLE AS sqlaq_new_jobs "
         "FOR EACH STATEMENT EXECUTE FUNCTION sqlaq_jobs_notify()"
     )
+    # The schema's own record of its revision, read by `sqlaq.migrations.check`. A version
+    # table is not enough: a host revision that depends on sqlaq_0001 makes Alembic record
+    # only the host's revision. Every later revision replaces this function.
+    op.execute(
+        "CREATE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
+        "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0001'::text $$"
+    )
 
 
 def downgrade() -> None:
+    op.execute("DROP FUNCTION IF EXISTS sqlaq_jobs_schema_revision()")
     op.execute("DROP TRIGGER IF EXISTS sqlaq_jobs_notify_trg ON sqlaq_jobs")
     op.execute("DROP FUNCTION IF EXISTS sqlaq_jobs_notify()")
     op.execute("DROP TABLE IF EXISTS sqlaq_jobs")

@@ -1,0 +1,808 @@
+"""The shipped revisions: they walk up, down and up again, the head matches
+``sqlaq.metadata``, the NOTIFY trigger behaves, the standalone path works, and a host
+project consumes the revisions from an installed wheel through its own Alembic.
+
+Every test that migrates gets a database of its own (``sqlaq_mig_<hex>``), dropped with
+``WITH (FORCE)`` afterwards, so nothing here touches the suite's shared database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import uuid
+import zipfile
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import alembic.command
+import psycopg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from conftest import ROOT, alembic_config
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Engine,
+    ForeignKey,
+    Integer,
+    MetaData,
+    Table,
+    create_engine,
+    text,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+import sqlaq
+import sqlaq.migrations
+from sqlaq.schema import STORAGE_PARAMETERS
+
+HEAD = sqlaq.migrations.head_revision()
+#: The revision that creates sqlaq_jobs: what a host revision with a foreign key to it
+#: depends on, whatever sqlaq's head is later.
+FIRST_REVISION = "sqlaq_0001"
+
+#: Every catalog object the shipped revisions create, as (catalog, name).
+SQLAQ_OBJECTS = frozenset(
+    {
+        ("pg_class", "sqlaq_jobs"),
+        ("pg_class", "sqlaq_jobs_id_seq"),
+        ("pg_class", "sqlaq_jobs_pkey"),
+        ("pg_class", "sqlaq_jobs_claim_idx"),
+        ("pg_class", "sqlaq_jobs_dedupe_idx"),
+        ("pg_class", "sqlaq_jobs_finished_idx"),
+        ("pg_constraint", "sqlaq_jobs_pkey"),
+        ("pg_constraint", "sqlaq_jobs_status_check"),
+        ("pg_constraint", "sqlaq_jobs_max_attempts_check"),
+        ("pg_proc", "sqlaq_jobs_notify"),
+        ("pg_proc", "sqlaq_jobs_schema_revision"),
+        ("pg_trigger", "sqlaq_jobs_notify_trg"),
+        ("pg_type", "sqlaq_jobs"),
+        ("pg_type", "_sqlaq_jobs"),
+    }
+)
+# NOT NULL constraints are left out (contype 'n'): PostgreSQL 18 lists them in
+# pg_constraint, 15 does not, and the table's columns already cover them.
+_OBJECTS_SQL = text(
+    """
+    SELECT 'pg_class', relname::text FROM pg_class
+        WHERE starts_with(relname::text, 'sqlaq_jobs')
+    UNION ALL SELECT 'pg_constraint', conname::text FROM pg_constraint
+        WHERE starts_with(conname::text, 'sqlaq_jobs') AND contype <> 'n'
+    UNION ALL SELECT 'pg_proc', proname::text FROM pg_proc
+        WHERE starts_with(proname::text, 'sqlaq_jobs')
+    UNION ALL SELECT 'pg_trigger', tgname::text FROM pg_trigger
+        WHERE starts_with(tgname::text, 'sqlaq_jobs')
+    UNION ALL SELECT 'pg_type', typname::text FROM pg_type
+        WHERE typname::text IN ('sqlaq_jobs', '_sqlaq_jobs')
+    """
+)
+
+#: PostgreSQL's own rendering of the indexes (pg_indexes.indexdef) on a fresh database.
+EXPECTED_INDEXES = {
+    "sqlaq_jobs_claim_idx": (
+        "CREATE INDEX sqlaq_jobs_claim_idx ON public.sqlaq_jobs USING btree "
+        "(queue, priority DESC, run_at, id) "
+        "WHERE (status = ANY (ARRAY['queued'::text, 'running'::text]))"
+    ),
+    "sqlaq_jobs_dedupe_idx": (
+        "CREATE UNIQUE INDEX sqlaq_jobs_dedupe_idx ON public.sqlaq_jobs USING btree "
+        "(kind, dedupe_key) "
+        "WHERE ((status = ANY (ARRAY['queued'::text, 'running'::text])) "
+        "AND (dedupe_key IS NOT NULL))"
+    ),
+    "sqlaq_jobs_finished_idx": (
+        "CREATE INDEX sqlaq_jobs_finished_idx ON public.sqlaq_jobs USING btree "
+        "(finished_at) "
+        "WHERE (status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]))"
+    ),
+    "sqlaq_jobs_pkey": "CREATE UNIQUE INDEX sqlaq_jobs_pkey ON public.sqlaq_jobs USING btree (id)",
+}
+
+# A host's own model, as the design prescribes: a foreign key to sqlaq_jobs through the
+# Column object, not a string (the two tables live in different MetaData).
+host_metadata = MetaData()
+orders = Table(
+    "orders",
+    host_metadata,
+    Column("id", Integer, primary_key=True),
+    Column("job_id", BigInteger, ForeignKey(sqlaq.jobs.c.id)),
+)
+
+#: How long a listener waits for a notification that must come, and for one that must not.
+ARRIVAL_TIMEOUT = 10.0
+ABSENCE_TIMEOUT = 0.5
+
+
+# -- databases of our own -------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _database(server_url: str) -> Iterator[str]:
+    """A fresh, uniquely named database on the server; dropped WITH (FORCE) at the end."""
+    name = f"sqlaq_mig_{uuid.uuid4().hex}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def _connect(url: str) -> Iterator[Connection]:
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def fresh_url(server_url: str) -> Iterator[str]:
+    with _database(server_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def migrated_url(server_url: str) -> Iterator[str]:
+    """A database of this module's own, upgraded to heads through the repository's
+    alembic.ini. Tests here read its catalog or commit jobs into it; none migrates it."""
+    with _database(server_url) as url:
+        alembic.command.upgrade(alembic_config(url), "heads")
+        yield url
+
+
+@pytest.fixture(scope="module")
+def migrated(migrated_url: str) -> Iterator[Engine]:
+    # NullPool: a session setting such as `SET sqlaq.notify = off` dies with its
+    # connection instead of riding a pooled one into the next test.
+    engine = create_engine(migrated_url, poolclass=NullPool)
+    yield engine
+    engine.dispose()
+
+
+def _objects(conn: Connection) -> set[tuple[str, str]]:
+    return {(row[0], row[1]) for row in conn.execute(_OBJECTS_SQL)}
+
+
+def _versions(conn: Connection, version_table: str) -> list[str]:
+    exists = conn.execute(text("SELECT to_regclass(:t)"), {"t": version_table}).scalar()
+    if exists is None:
+        return []
+    return sorted(conn.execute(text(f"SELECT version_num FROM {version_table}")).scalars())
+
+
+# -- the walk through the repository's alembic.ini -------------------------------------
+
+
+def test_downgrade_removes_every_object(fresh_url: str) -> None:
+    """upgrade heads creates every object, downgrade sqlaq@base removes every one, and
+    upgrade heads works again."""
+    cfg = alembic_config(fresh_url)
+
+    alembic.command.upgrade(cfg, "heads")
+    with _connect(fresh_url) as conn:
+        assert _objects(conn) == SQLAQ_OBJECTS
+        assert _versions(conn, "alembic_version") == [HEAD]
+
+    alembic.command.downgrade(cfg, "sqlaq@base")
+    with _connect(fresh_url) as conn:
+        assert _objects(conn) == set()
+        assert _versions(conn, "alembic_version") == []
+
+    alembic.command.upgrade(cfg, "heads")
+    with _connect(fresh_url) as conn:
+        assert _objects(conn) == SQLAQ_OBJECTS
+        assert _versions(conn, "alembic_version") == [HEAD]
+
+
+def test_head_revision_is_the_sqlaq_head_of_alembic_ini() -> None:
+    script = ScriptDirectory.from_config(alembic_config("postgresql://"))
+    head = script.get_revision(f"{sqlaq.migrations.BRANCH}@head")
+    first = script.get_revision(FIRST_REVISION)
+    assert head is not None
+    assert first is not None
+    assert sqlaq.migrations.head_revision() == head.revision
+    assert head.revision in script.get_heads()
+    assert first.branch_labels == {sqlaq.migrations.BRANCH}
+
+
+# -- head against sqlaq.metadata --------------------------------------------------------
+
+
+def test_head_matches_metadata_per_autogenerate(migrated: Engine) -> None:
+    """Autogenerate finds no difference, comparing types and server defaults too.
+
+    Autogenerate is blind to partial-index predicates, CHECK constraint bodies, storage
+    parameters and triggers (measured: changing any of them yields an empty diff); the
+    catalog tests below pin those.
+    """
+    with migrated.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "compare_server_default": True}
+        )
+        assert compare_metadata(context, sqlaq.metadata) == []
+
+
+def _table_catalog(conn: Connection) -> dict[str, list[tuple[Any, ...]]]:
+    """sqlaq_jobs as PostgreSQL renders it: columns, constraints and indexes."""
+    columns = conn.execute(
+        text(
+            """
+            SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                   a.attidentity, pg_get_expr(d.adbin, d.adrelid)
+            FROM pg_attribute a
+            LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+            WHERE a.attrelid = 'sqlaq_jobs'::regclass AND a.attnum > 0
+              AND NOT a.attisdropped
+            ORDER BY a.attnum
+            """
+        )
+    )
+    constraints = conn.execute(
+        text(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = 'sqlaq_jobs'::regclass ORDER BY conname"
+        )
+    )
+    indexes = conn.execute(
+        text(
+            "SELECT indexname, indexdef FROM pg_indexes "
+            "WHERE tablename = 'sqlaq_jobs' ORDER BY indexname"
+        )
+    )
+    return {
+        "columns": [tuple(row) for row in columns],
+        "constraints": [tuple(row) for row in constraints],
+        "indexes": [tuple(row) for row in indexes],
+    }
+
+
+def test_head_catalog_equals_metadata_create_all(migrated: Engine, fresh_url: str) -> None:
+    """What autogenerate cannot see, compared exactly: the head revision and
+    ``sqlaq.metadata.create_all`` give the same columns (in order, with types, defaults
+    and identity), constraints (with CHECK bodies) and indexes (with predicates)."""
+    with _connect(fresh_url) as conn:
+        sqlaq.metadata.create_all(conn)
+        conn.commit()
+        from_metadata = _table_catalog(conn)
+    with migrated.connect() as conn:
+        from_head = _table_catalog(conn)
+    assert from_head == from_metadata
+
+
+# -- what autogenerate does not compare, from the catalog ------------------------------
+
+
+def test_storage_parameters_equal_schema_constant(migrated: Engine) -> None:
+    with migrated.connect() as conn:
+        reloptions = conn.execute(
+            text("SELECT reloptions FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
+        ).scalar_one()
+    assert dict(option.split("=", 1) for option in reloptions) == STORAGE_PARAMETERS
+
+
+def test_indexes_hold_pending_or_finished_rows_only(migrated: Engine) -> None:
+    with migrated.connect() as conn:
+        rows = conn.execute(
+            text("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'sqlaq_jobs'")
+        )
+        indexdefs = {str(row.indexname): str(row.indexdef) for row in rows}
+    assert indexdefs == EXPECTED_INDEXES
+
+
+def test_notify_trigger_runs_after_insert_once_per_statement(migrated: Engine) -> None:
+    with migrated.connect() as conn:
+        trigger = conn.execute(
+            text(
+                """
+                SELECT t.tgname, t.tgtype, t.tgenabled, p.proname,
+                       pg_get_triggerdef(t.oid) AS definition
+                FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+                WHERE t.tgrelid = 'sqlaq_jobs'::regclass AND NOT t.tgisinternal
+                """
+            )
+        ).one()
+    assert trigger.tgname == "sqlaq_jobs_notify_trg"
+    # tgtype bits (catalog/pg_trigger.h): ROW 1, BEFORE 2, INSERT 4, DELETE 8, UPDATE 16,
+    # TRUNCATE 32, INSTEAD 64. INSERT alone: AFTER INSERT, FOR EACH STATEMENT.
+    assert trigger.tgtype == 4
+    assert trigger.tgenabled == "O"
+    assert trigger.proname == "sqlaq_jobs_notify"
+    assert "AFTER INSERT ON public.sqlaq_jobs" in trigger.definition
+    assert "FOR EACH STATEMENT" in trigger.definition
+
+
+# -- the trigger notifies ---------------------------------------------------------------
+
+
+@pytest.fixture
+def jobs_engine(migrated: Engine) -> Iterator[Engine]:
+    """The migrated database for tests that commit jobs; emptied afterwards."""
+    yield migrated
+    with migrated.begin() as conn:
+        conn.execute(text("TRUNCATE sqlaq_jobs"))
+
+
+@pytest.fixture
+def listener(migrated_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A raw autocommit connection that LISTENs on sqlaq's channel, as a worker's does."""
+    conninfo = make_url(migrated_url).set(drivername="postgresql")
+    with psycopg.connect(conninfo.render_as_string(hide_password=False), autocommit=True) as conn:
+        conn.execute("LISTEN sqlaq_jobs")
+        yield conn
+
+
+def _received(listener: psycopg.Connection[Any], expected: int) -> list[str]:
+    """Payloads of the *expected* notifications, plus any that follow within
+    ABSENCE_TIMEOUT (which must be none)."""
+    payloads = []
+    if expected:
+        for notify in listener.notifies(timeout=ARRIVAL_TIMEOUT, stop_after=expected):
+            assert notify.channel == "sqlaq_jobs"
+            payloads.append(notify.payload)
+    payloads += [notify.payload for notify in listener.notifies(timeout=ABSENCE_TIMEOUT)]
+    return payloads
+
+
+def test_committed_enqueue_notifies_its_queue(
+    jobs_engine: Engine, listener: psycopg.Connection[Any]
+) -> None:
+    with jobs_engine.begin() as conn:
+        sqlaq.enqueue(conn, "send_email", {"user_id": 1}, queue="q1")
+    assert _received(listener, 1) == ["q1"]
+
+
+def test_rolled_back_enqueue_notifies_nothing(
+    jobs_engine: Engine, listener: psycopg.Connection[Any]
+) -> None:
+    with jobs_engine.connect() as conn:
+        sqlaq.enqueue(conn, "send_email", queue="q1")
+        conn.rollback()
+    assert _received(listener, 0) == []
+
+
+def test_bulk_enqueue_notifies_once_per_due_queue(
+    jobs_engine: Engine, listener: psycopg.Connection[Any]
+) -> None:
+    """1000 rows in one statement: one notification per queue with a due job, none for
+    a queue whose jobs are all delayed."""
+    due = [sqlaq.NewJob(kind="k", queue=f"q{i % 3 + 1}") for i in range(990)]
+    later = [sqlaq.NewJob(kind="k", queue="later", delay=timedelta(hours=1)) for _ in range(10)]
+    with jobs_engine.begin() as conn:
+        results = sqlaq.enqueue_many(conn, due + later)
+    assert len(results) == 1000
+    assert sorted(_received(listener, 3)) == ["q1", "q2", "q3"]
+
+
+def test_delayed_enqueue_notifies_nothing(
+    jobs_engine: Engine, listener: psycopg.Connection[Any]
+) -> None:
+    with jobs_engine.begin() as conn:
+        sqlaq.enqueue(conn, "send_email", queue="q1", delay=timedelta(hours=1))
+    assert _received(listener, 0) == []
+
+
+def test_notify_off_in_the_session_silences_the_trigger(
+    jobs_engine: Engine, listener: psycopg.Connection[Any]
+) -> None:
+    with jobs_engine.connect() as conn:
+        conn.execute(text("SET sqlaq.notify = off"))
+        sqlaq.enqueue(conn, "send_email", queue="q1")
+        conn.commit()
+        assert _received(listener, 0) == []
+
+        conn.execute(text("RESET sqlaq.notify"))  # the control: same session, switched back
+        sqlaq.enqueue(conn, "send_email", queue="q1")
+        conn.commit()
+        assert _received(listener, 1) == ["q1"]
+
+
+# -- the standalone path (sqlaq migrate) --------------------------------------------------
+
+
+def test_standalone_upgrade_creates_everything_and_records_head(fresh_url: str) -> None:
+    with _connect(fresh_url) as conn:
+        sqlaq.migrations.upgrade(conn)
+        assert not conn.in_transaction()  # committed, not left to the caller
+    with _connect(fresh_url) as conn:
+        assert _objects(conn) == SQLAQ_OBJECTS
+        assert _versions(conn, "sqlaq_alembic_version") == [HEAD]
+        assert _versions(conn, "alembic_version") == []
+        assert sqlaq.migrations.check(conn) == HEAD
+
+
+def test_standalone_downgrade_removes_every_object(fresh_url: str) -> None:
+    with _connect(fresh_url) as conn:
+        sqlaq.migrations.upgrade(conn)
+        sqlaq.migrations.downgrade(conn)
+    with _connect(fresh_url) as conn:
+        assert _objects(conn) == set()
+        assert _versions(conn, "sqlaq_alembic_version") == []
+
+
+def test_standalone_upgrade_in_a_callers_transaction_commits_with_it(fresh_url: str) -> None:
+    """On a connection already in a transaction (autobegun by any earlier statement,
+    ``check`` included), Alembic runs the DDL inside it and commits nothing: the caller
+    decides, and a rollback leaves no trace."""
+    with _connect(fresh_url) as conn:
+        conn.begin()
+        sqlaq.migrations.upgrade(conn)
+        assert conn.in_transaction()
+        assert _objects(conn) == SQLAQ_OBJECTS
+        conn.rollback()
+        assert _objects(conn) == set()
+        assert _versions(conn, "sqlaq_alembic_version") == []
+
+
+def test_check_on_an_empty_database_names_the_commands(fresh_url: str) -> None:
+    with (
+        _connect(fresh_url) as conn,
+        pytest.raises(sqlaq.SchemaOutOfDateError, match=HEAD) as raised,
+    ):
+        sqlaq.migrations.check(conn)
+    assert "'alembic upgrade heads'" in str(raised.value)
+    assert "'sqlaq migrate'" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "fix"),
+    [("sqlaq_0000", "run 'alembic upgrade heads'"), ("sqlaq_9999", "upgrade sqlaq")],
+)
+def test_check_on_another_revision_names_the_fix(fresh_url: str, recorded: str, fix: str) -> None:
+    with _connect(fresh_url) as conn:
+        conn.execute(
+            text(
+                "CREATE FUNCTION sqlaq_jobs_schema_revision() RETURNS text"
+                f" LANGUAGE sql AS $$ SELECT '{recorded}'::text $$"
+            )
+        )
+        with pytest.raises(sqlaq.SchemaOutOfDateError) as raised:
+            sqlaq.migrations.check(conn)
+        conn.rollback()
+    assert f"database is at {recorded}" in str(raised.value)
+    assert fix in str(raised.value)
+
+
+def test_check_finds_sqlaq_in_a_hosts_alembic_version(migrated: Engine) -> None:
+    with migrated.connect() as conn:
+        assert sqlaq.migrations.check(conn) == HEAD
+
+
+def test_check_sees_sqlaq_behind_a_host_revision_that_depends_on_it(
+    fresh_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "host_0001_orders.py").write_text(_host_revision("host_0001"))
+    cfg = alembic_config(fresh_url)
+    cfg.set_main_option("version_locations", f"{tmp_path} {sqlaq.migrations.VERSION_LOCATION}")
+    alembic.command.upgrade(cfg, "heads")
+    with _connect(fresh_url) as conn:
+        assert _versions(conn, "alembic_version") == ["host_0001"]  # sqlaq_0001 is implied
+        assert sqlaq.migrations.check(conn) == HEAD
+
+
+def test_upgrade_sql_returns_the_ddl_without_a_database(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Offline mode (``sql=True``): the DDL comes back as text, no connection is made,
+    and nothing is printed."""
+    sql = sqlaq.migrations.upgrade_sql()
+    assert capsys.readouterr().out == ""
+    assert "CREATE TABLE sqlaq_jobs" in sql
+    assert "CREATE TRIGGER sqlaq_jobs_notify_trg" in sql
+    assert f"INSERT INTO sqlaq_alembic_version (version_num) VALUES ('{HEAD}')" in sql
+
+
+# -- include_name ---------------------------------------------------------------------------
+
+
+def _parents(table: str) -> dict[str, str | None]:
+    # What Alembic passes for a column, index or constraint of *table*.
+    return {"schema_name": None, "table_name": table, "schema_qualified_table_name": table}
+
+
+@pytest.mark.parametrize(
+    ("name", "type_", "parent_names"),
+    [
+        ("sqlaq_jobs", "table", {"schema_name": None}),
+        ("sqlaq_alembic_version", "table", {"schema_name": None}),
+        ("sqlaq_jobs_claim_idx", "index", _parents("sqlaq_jobs")),
+        ("sqlaq_jobs_dedupe_idx", "index", _parents("sqlaq_jobs")),
+        ("sqlaq_jobs_finished_idx", "index", _parents("sqlaq_jobs")),
+        ("status", "column", _parents("sqlaq_jobs")),
+        ("sqlaq_jobs_status_check", "check_constraint", _parents("sqlaq_jobs")),
+        ("version_num", "column", _parents("sqlaq_alembic_version")),
+    ],
+)
+def test_include_name_hides_sqlaq_objects(
+    name: str, type_: str, parent_names: Mapping[str, Any]
+) -> None:
+    assert sqlaq.migrations.include_name(name, type_, parent_names) is False
+
+
+@pytest.mark.parametrize(
+    ("name", "type_", "parent_names"),
+    [
+        ("orders", "table", {"schema_name": None}),
+        ("job_id", "column", _parents("orders")),
+        ("orders_job_id_idx", "index", _parents("orders")),
+        ("status", "column", _parents("orders")),
+    ],
+)
+def test_include_name_keeps_host_objects(
+    name: str, type_: str, parent_names: Mapping[str, Any]
+) -> None:
+    assert sqlaq.migrations.include_name(name, type_, parent_names) is True
+
+
+def test_include_name_keeps_a_hosts_autogenerate_off_sqlaq(migrated: Engine) -> None:
+    """A host's autogenerate over a database with sqlaq installed proposes only the
+    host's own table; without the hook it would drop sqlaq_jobs."""
+    with migrated.connect() as conn:
+        hooked = MigrationContext.configure(
+            conn, opts={"include_name": sqlaq.migrations.include_name}
+        )
+        diff = compare_metadata(hooked, host_metadata)
+        assert [(op, obj.name) for op, obj in diff] == [("add_table", "orders")]
+
+        bare = MigrationContext.configure(conn)
+        bare_diff = [(d[0], d[1].name) for d in compare_metadata(bare, host_metadata)]
+        assert ("remove_table", "sqlaq_jobs") in bare_diff
+
+
+# -- a host project consuming sqlaq from a wheel -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wheel_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel built from this checkout, unzipped: a directory that holds ``sqlaq`` as
+    installed, for the front of a subprocess's PYTHONPATH."""
+    dist = tmp_path_factory.mktemp("dist")
+    argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dist)]
+    if importlib.util.find_spec("hatchling") is not None:
+        argv.append("--no-build-isolation")  # else pip fetches hatchling into an isolated env
+    built = subprocess.run(
+        [*argv, str(ROOT)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = dist.glob("sqlaq-*.whl")
+    site = tmp_path_factory.mktemp("site")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    return site
+
+
+def _host_revision(revision: str) -> str:
+    """A host's first revision written by hand, as autogenerate writes it."""
+    return textwrap.dedent(
+        f"""\
+        import sqlalchemy as sa
+        from alembic import op
+
+        revision = {revision!r}
+        down_revision = None
+        branch_labels = None
+        depends_on = {FIRST_REVISION!r}
+
+
+        def upgrade():
+            op.create_table(
+                "orders",
+                sa.Column("id", sa.Integer(), primary_key=True),
+                sa.Column("job_id", sa.BigInteger(), sa.ForeignKey("sqlaq_jobs.id")),
+            )
+
+
+        def downgrade():
+            op.drop_table("orders")
+        """
+    )
+
+
+_HOST_MODELS = """\
+from sqlalchemy import BigInteger, Column, ForeignKey, Integer, MetaData, Table
+
+import sqlaq
+
+metadata = MetaData()
+orders = Table(
+    "orders",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("job_id", BigInteger, ForeignKey(sqlaq.jobs.c.id)),
+)
+"""
+
+_HOST_ENV = """\
+from alembic import context
+from sqlalchemy import create_engine
+
+import host_models
+import sqlaq
+import sqlaq.migrations
+
+print(f"sqlaq imported from {sqlaq.__file__}")
+
+engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
+with engine.connect() as connection:
+    context.configure(
+        connection=connection,
+        target_metadata=host_models.metadata,
+        include_name=sqlaq.migrations.include_name,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()
+"""
+
+
+def _host_ini(url: str, *, path_separator: str, version_locations: str) -> str:
+    return textwrap.dedent(
+        f"""\
+        [alembic]
+        script_location = %(here)s/alembic
+        prepend_sys_path = %(here)s
+        path_separator = {path_separator}
+        version_locations = {version_locations}
+        sqlalchemy.url = {url.replace("%", "%%")}
+        """
+    )
+
+
+#: The README's version_locations: the host's own directory, then sqlaq's package.
+README_LOCATIONS = f"%(here)s/alembic/versions {sqlaq.migrations.VERSION_LOCATION}"
+
+
+def _make_host(root: Path, url: str) -> Path:
+    """A throwaway host project: alembic.ini as the README says, an env.py with its own
+    models and sqlaq's include_name, an empty versions directory."""
+    (root / "alembic" / "versions").mkdir(parents=True)
+    (root / "alembic" / "script.py.mako").write_text(
+        (ROOT / "alembic" / "script.py.mako").read_text()
+    )
+    (root / "alembic" / "env.py").write_text(_HOST_ENV)
+    (root / "host_models.py").write_text(_HOST_MODELS)
+    (root / "alembic.ini").write_text(
+        _host_ini(url, path_separator="space", version_locations=README_LOCATIONS)
+    )
+    return root
+
+
+def _alembic(
+    host: Path, site: Path, *args: str, ok: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``python -m alembic ARGS`` in *host*, importing sqlaq from *site* only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SQLAQ_"))}
+    env["PYTHONPATH"] = str(site)  # first on sys.path after the host directory itself
+    done = subprocess.run(
+        [sys.executable, "-m", "alembic", *args],
+        cwd=host,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if ok:
+        assert done.returncode == 0, f"alembic {' '.join(args)}:\n{done.stdout}{done.stderr}"
+    return done
+
+
+@pytest.mark.timeout(240)
+def test_host_project_consumes_sqlaq_from_a_wheel(
+    wheel_site: Path, fresh_url: str, tmp_path: Path
+) -> None:
+    host = _make_host(tmp_path / "host", fresh_url)
+    wheel_versions = wheel_site / "sqlaq" / "migrations" / "versions"
+
+    # sqlaq's branch is found through the wheel, not the source tree.
+    heads = _alembic(host, wheel_site, "heads", "--verbose")
+    assert f"Rev: {HEAD} (head)" in heads.stdout
+    assert f"Path: {wheel_versions}" in heads.stdout
+    assert str(ROOT) not in heads.stdout
+
+    upgraded = _alembic(host, wheel_site, "upgrade", "heads")
+    assert f"sqlaq imported from {wheel_site / 'sqlaq' / '__init__.py'}" in upgraded.stdout
+
+    # The host's first own revision. --head=base starts the host's own branch: without it
+    # Alembic would stack the revision on sqlaq_0001, inside sqlaq's branch. With several
+    # version locations Alembic also needs --version-path to know where to write it. And
+    # since orders.job_id references sqlaq_jobs, the revision depends on the sqlaq revision
+    # that creates that table: otherwise nothing orders the two branches on a fresh
+    # database and `upgrade heads` may create orders before sqlaq_jobs.
+    _alembic(
+        host,
+        wheel_site,
+        "revision",
+        "--autogenerate",
+        "--head=base",
+        "--version-path=alembic/versions",
+        f"--depends-on={FIRST_REVISION}",
+        "-m",
+        "orders",
+    )
+    (revision_file,) = (host / "alembic" / "versions").glob("*_orders.py")
+    source = revision_file.read_text()
+    host_rev = re.search(r"^revision: str = '(\w+)'$", source, re.MULTILINE)
+    assert host_rev is not None
+    assert "down_revision: Union[str, Sequence[str], None] = None" in source
+    assert f"depends_on: Union[str, Sequence[str], None] = '{FIRST_REVISION}'" in source
+    assert "op.create_table('orders'" in source
+    # sqlaq's objects appear only as the foreign key's target: nothing creates or drops them.
+    assert source.count("sqlaq_jobs") == 1
+    assert "['sqlaq_jobs.id']" in source
+
+    heads = _alembic(host, wheel_site, "heads")
+    assert sorted(line.split()[0] for line in heads.stdout.splitlines()) == sorted(
+        [host_rev[1], HEAD]
+    )
+
+    _alembic(host, wheel_site, "upgrade", "heads")
+    checked = _alembic(host, wheel_site, "check")
+    assert "No new upgrade operations detected" in checked.stdout
+
+    # From nothing to both branches in one `upgrade heads`, sqlaq's first.
+    _alembic(host, wheel_site, "downgrade", "base")
+    with _connect(fresh_url) as conn:
+        assert _objects(conn) == set()
+        assert conn.execute(text("SELECT to_regclass('orders')")).scalar() is None
+    _alembic(host, wheel_site, "upgrade", "heads")
+    with _connect(fresh_url) as conn:
+        assert _objects(conn) == SQLAQ_OBJECTS
+        referenced = conn.execute(
+            text(
+                "SELECT confrelid::regclass::text FROM pg_constraint "
+                "WHERE conrelid = 'orders'::regclass AND contype = 'f'"
+            )
+        ).scalar_one()
+        assert referenced == "sqlaq_jobs"
+        # depends_on makes sqlaq's revision implied by the host's: Alembic records only
+        # the host's (see test_check_sees_sqlaq_behind_a_host_revision_that_depends_on_it).
+        assert _versions(conn, "alembic_version") == [host_rev[1]]
+
+
+@pytest.mark.timeout(240)
+def test_os_path_separator_loses_the_sqlaq_branch(wheel_site: Path, tmp_path: Path) -> None:
+    """With ``path_separator = os`` (":" on POSIX) the README's version_locations line
+    is split on ":" only: neither half is a directory, so `alembic heads` silently lists
+    nothing at all and exits 0. Written the os way (":"-joined), "sqlaq:migrations/versions"
+    is cut in two and sqlaq's branch vanishes; a host revision that depends on it then
+    breaks Alembic with a KeyError."""
+    host = _make_host(tmp_path / "host", "")  # `alembic heads` needs no database
+    (host / "alembic" / "versions" / "host_0001_orders.py").write_text(_host_revision("host_0001"))
+    ini = host / "alembic.ini"
+
+    # The control: the README's configuration finds both branches.
+    assert _alembic(host, wheel_site, "heads").stdout.split() == [
+        "host_0001",
+        "(head)",
+        HEAD,
+        "(sqlaq)",
+        "(effective",
+        "head)",
+    ]
+
+    ini.write_text(_host_ini("", path_separator="os", version_locations=README_LOCATIONS))
+    assert _alembic(host, wheel_site, "heads").stdout == ""
+
+    colon_list = f"%(here)s/alembic/versions:{sqlaq.migrations.VERSION_LOCATION}"
+    ini.write_text(_host_ini("", path_separator="os", version_locations=colon_list))
+    broken = _alembic(host, wheel_site, "heads", ok=False)
+    assert broken.returncode != 0
+    assert f"KeyError: '{FIRST_REVISION}'" in broken.stderr
