@@ -30,7 +30,7 @@ Rules every builder keeps (each learnt the hard way, see DESIGN.md B):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -63,7 +63,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
-from sqlaq.encoding import NewJob
+from sqlaq.encoding import NewJob, encode_payload
 from sqlaq.lease import Lease
 from sqlaq.schema import CHANNEL, REVISION_FUNCTION, JobStatus, jobs
 
@@ -72,17 +72,19 @@ __all__ = [
     "claim_params",
     "claim_stmt",
     "complete_stmt",
+    "due_queues_stmt",
     "enqueue_many_stmt",
     "enqueue_params",
     "enqueue_stmt",
+    "enqueued_jobs_stmt",
     "extend_lease_stmt",
     "fail_params",
     "fail_stmt",
     "fence_params",
     "find_pending_duplicate_stmt",
     "find_pending_duplicates_stmt",
-    "has_schema_revision_stmt",
     "handback_stmt",
+    "has_schema_revision_stmt",
     "listen_stmt",
     "prune_stmt",
     "retry_stmt",
@@ -487,6 +489,33 @@ def prune_stmt(*, older_than: timedelta, statuses: Collection[JobStatus], limit:
         .prefix_with("MATERIALIZED")
     )
     return delete(jobs).where(c.id == doomed.c.id)
+
+
+# --- inspection (operators and tests) ---
+
+
+def due_queues_stmt() -> Select[str]:
+    """Select the queues that hold a due job: ``SELECT DISTINCT queue ... ORDER BY``."""
+    return select(c.queue).where(_PENDING, c.run_at <= _NOW).distinct().order_by(c.queue)
+
+
+def enqueued_jobs_stmt(
+    *, kind: str | None = None, payload: Mapping[str, Any] | None = None, queue: str | None = None
+) -> Select[Any]:
+    """Select queued jobs (every column), oldest first, optionally filtered.
+
+    *payload* matches by JSON containment (``payload @> :b_payload``): the job's payload
+    holds those keys with those values, and may hold more.
+    """
+    stmt = select(jobs).where(c.status == _status(JobStatus.QUEUED)).order_by(c.id)
+    if kind is not None:
+        stmt = stmt.where(c.kind == bindparam("b_kind", kind, Text))
+    if queue is not None:
+        stmt = stmt.where(c.queue == bindparam("b_queue", queue, Text))
+    if payload is not None:
+        wanted = cast(bindparam("b_payload", encode_payload(payload), Text), JSONB)
+        stmt = stmt.where(c.payload.contains(wanted))
+    return stmt
 
 
 def has_schema_revision_stmt() -> Any:

@@ -1,0 +1,207 @@
+"""Helpers for testing code that enqueues and handles sqlaq jobs.
+
+Everything here runs the real statements on the caller's Connection or Session, inside
+the test's own transaction: no in-memory fake, nothing committed, so a test that rolls
+back leaves nothing behind. Never imported by sqlaq's runtime modules, and it imports
+no test framework (failures raise ``AssertionError``, which pytest reports as usual).
+
+Example (pytest)::
+
+    from sqlaq.testing import assert_enqueued, drain
+
+    def test_signup_sends_welcome_email(session):
+        signup(session, email="a@example.com")          # enqueues in the session
+        job = assert_enqueued(session, "send_email", payload={"template": "welcome"})
+        (result,) = drain(session, registry)           # runs it inline
+        assert result.status == "done"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Row
+
+from sqlaq import ops, queries
+from sqlaq.context import JobContext, bind, unbind
+from sqlaq.lease import Lease
+from sqlaq.registry import Registry
+from sqlaq.runner import describe_error
+from sqlaq.schema import JobStatus
+
+__all__ = ["DrainedJob", "assert_enqueued", "drain", "enqueued_jobs"]
+
+#: The lease drain's claims hold (nothing else runs in the test's transaction).
+DRAIN_LEASE = timedelta(minutes=5)
+#: The worker id drain claims with, so the rows it touched are recognisable.
+DRAIN_WORKER_ID = UUID("00000000-0000-0000-0000-00000000d1a1")
+
+
+@dataclass(frozen=True, slots=True)
+class DrainedJob:
+    """What :func:`drain` did with one job.
+
+    Attributes:
+        id: The job.
+        kind: Its kind.
+        payload: The payload its handler got.
+        attempt: The attempt that ran.
+        status: What was written: ``done``, ``queued`` (a retry, due after its backoff)
+            or ``failed``.
+        error: The failure summary written to ``last_error``, if it failed.
+        exception: The exception the handler raised, if any, for the test to inspect.
+    """
+
+    id: int
+    kind: str
+    payload: dict[str, Any]
+    attempt: int
+    status: JobStatus
+    error: str | None = None
+    exception: BaseException | None = None
+
+
+def drain(
+    conn: ops.Executor,
+    registry: Registry,
+    *,
+    queues: Sequence[str] | None = None,
+    max_jobs: int = 1000,
+) -> list[DrainedJob]:
+    """Run every due job inline, one at a time, and write each outcome.
+
+    Claims with the real claim statement, calls the handler (``async`` ones with
+    ``asyncio.run``; ``current_job()`` works inside), then completes or fails the job
+    with the real statements and the handler's retry policy, all in the caller's
+    transaction. It loops until nothing is due. Within one transaction ``now()`` does
+    not move, so a job retried with a backoff stays queued and is not run again.
+
+    Args:
+        conn: The test's Connection or Session.
+        registry: The handlers; a job whose kind has none fails, as at a worker.
+        queues: The queues to drain; default every queue with a due job.
+        max_jobs: Stop after this many runs (a guard against a handler that keeps
+            enqueueing due jobs).
+
+    Returns:
+        One :class:`DrainedJob` per run, in the order they ran.
+    """
+    results: list[DrainedJob] = []
+    while len(results) < max_jobs:
+        names = list(queues) if queues is not None else _due_queues(conn)
+        claimed = [
+            job
+            for queue in names
+            for job in ops.claim(conn, worker_id=DRAIN_WORKER_ID, queue=queue, lease=DRAIN_LEASE)
+        ]
+        if not claimed:
+            break
+        for job in claimed:
+            results.append(_run(conn, registry, job))
+    return results
+
+
+def _due_queues(conn: ops.Executor) -> list[str]:
+    return list(conn.execute(queries.due_queues_stmt()).scalars())
+
+
+def _run(conn: ops.Executor, registry: Registry, job: ops.ClaimedJob) -> DrainedJob:
+    handler = registry.get(job.kind)
+    if handler is None:
+        error = f"no handler for kind {job.kind!r} in this registry"
+        ops.fail(conn, job.lease, error)
+        return DrainedJob(job.id, job.kind, job.payload, job.attempt, JobStatus.FAILED, error)
+
+    def renew(context: JobContext, length: timedelta) -> Lease:
+        (lease,) = ops.extend_lease(conn, context.lease, lease=length)
+        return lease
+
+    context = JobContext(
+        id=job.id,
+        kind=job.kind,
+        queue=job.queue,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        lease=job.lease,
+        lease_length=DRAIN_LEASE,
+        renew=renew,
+    )
+    token = bind(context)
+    try:
+        outcome = handler.func(job.payload)
+        if inspect.isawaitable(outcome):
+            asyncio.run(_await(outcome))
+    except Exception as exc:
+        error = describe_error(exc)
+        retry_in = handler.retry_in(job.attempt, exc)
+        status = ops.fail(conn, context.lease, error, retry_in=retry_in) or JobStatus.FAILED
+        return DrainedJob(job.id, job.kind, job.payload, job.attempt, status, error, exc)
+    finally:
+        unbind(token)
+    ops.complete(conn, context.lease)
+    return DrainedJob(job.id, job.kind, job.payload, job.attempt, JobStatus.DONE)
+
+
+async def _await(outcome: Any) -> None:
+    await outcome
+
+
+def enqueued_jobs(
+    conn: ops.Executor,
+    kind: str | None = None,
+    *,
+    payload: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+) -> list[Row[Any]]:
+    """The queued jobs, oldest first, optionally of *kind*, on *queue*, and whose payload
+    contains *payload* (JSON containment: those keys with those values).
+
+    Returns:
+        Rows of ``sqlaq_jobs`` with every column as an attribute (``row.id``,
+        ``row.payload``, ``row.run_at``, ...).
+    """
+    stmt = queries.enqueued_jobs_stmt(kind=kind, payload=payload, queue=queue)
+    return list(conn.execute(stmt).all())
+
+
+def assert_enqueued(
+    conn: ops.Executor,
+    kind: str,
+    *,
+    payload: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+    count: int | None = None,
+) -> Row[Any]:
+    """Assert that a job of *kind* (with a payload containing *payload*) is queued.
+
+    Args:
+        conn: The test's Connection or Session.
+        kind: The job kind.
+        payload: Keys and values the payload must contain (not its whole content).
+        queue: The queue it must be on.
+        count: Exactly this many such jobs, if given.
+
+    Returns:
+        The first (oldest) matching job's row.
+
+    Raises:
+        AssertionError: no such job, or not *count* of them; the message lists what is
+            queued instead.
+    """
+    found = enqueued_jobs(conn, kind, payload=payload, queue=queue)
+    if found and (count is None or len(found) == count):
+        return found[0]
+    queued = [(j.kind, j.payload) for j in enqueued_jobs(conn)][:20]
+    wanted = f"{count} " if count is not None else ""
+    raise AssertionError(
+        f"expected {wanted}queued job(s) of kind {kind!r}"
+        + (f" with payload containing {dict(payload)!r}" if payload else "")
+        + (f" on queue {queue!r}" if queue else "")
+        + f", found {len(found)}; queued jobs: {queued}"
+    )

@@ -1,0 +1,92 @@
+"""sqlaq.testing: drain and assertions inside a rolled-back transaction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session
+
+import sqlaq
+from sqlaq import JobStatus, PermanentError
+from sqlaq.testing import assert_enqueued, drain, enqueued_jobs
+from tests.helpers import job_row
+
+
+def make_registry(calls: list[Any]) -> sqlaq.Registry:
+    registry = sqlaq.Registry()
+
+    @registry.handler("ok")
+    def ok(payload: dict[str, Any]) -> None:
+        job = sqlaq.current_job()
+        calls.append(("ok", payload, job.id, job.attempt))
+
+    @registry.handler("async_ok")
+    async def async_ok(payload: dict[str, Any]) -> None:
+        calls.append(("async_ok", payload, sqlaq.current_job().kind))
+
+    @registry.handler("flaky", wait=sqlaq.Backoff(base=timedelta(seconds=10), jitter=0))
+    def flaky(payload: dict[str, Any]) -> None:
+        raise ValueError("try later")
+
+    @registry.handler("broken")
+    def broken(payload: dict[str, Any]) -> None:
+        raise PermanentError("bad data")
+
+    return registry
+
+
+def test_drain_runs_due_jobs_with_the_real_statements(conn: Connection) -> None:
+    calls: list[Any] = []
+    registry = make_registry(calls)
+    ok = sqlaq.enqueue(conn, "ok", {"n": 1}).job_id
+    sqlaq.enqueue(conn, "async_ok", {"n": 2}, queue="other")
+    flaky = sqlaq.enqueue(conn, "flaky").job_id
+    broken = sqlaq.enqueue(conn, "broken").job_id
+    unknown = sqlaq.enqueue(conn, "nobody").job_id
+    later = sqlaq.enqueue(conn, "ok", delay=timedelta(hours=1)).job_id
+
+    results = {r.id: r for r in drain(conn, registry)}
+
+    assert later not in results
+    assert results[ok].status is JobStatus.DONE
+    assert ("ok", {"n": 1}, ok, 1) in calls
+    assert ("async_ok", {"n": 2}, "async_ok") in calls
+    assert results[flaky].status is JobStatus.QUEUED
+    assert isinstance(results[flaky].exception, ValueError)
+    assert results[broken].status is JobStatus.FAILED
+    assert results[unknown].status is JobStatus.FAILED
+    assert "no handler for kind 'nobody'" in (results[unknown].error or "")
+    assert job_row(conn, ok).status == "done"
+    assert job_row(conn, broken).last_error.startswith("sqlaq.errors.PermanentError: bad data")
+    flaky_row = job_row(conn, flaky)
+    assert (flaky_row.status, flaky_row.attempts) == ("queued", 1)
+    assert flaky_row.last_error.startswith("ValueError: try later")
+    # The retried job waits for its backoff: a second drain runs nothing.
+    assert drain(conn, registry) == []
+
+
+def test_drain_limits_itself_to_the_given_queues(conn: Connection) -> None:
+    calls: list[Any] = []
+    sqlaq.enqueue(conn, "ok", queue="a")
+    sqlaq.enqueue(conn, "ok", queue="b")
+    assert [r.kind for r in drain(conn, make_registry(calls), queues=["b"])] == ["ok"]
+    assert len(enqueued_jobs(conn, "ok", queue="a")) == 1
+
+
+def test_assert_enqueued_matches_kind_payload_subset_and_count(engine: Engine) -> None:
+    with Session(engine) as session:
+        sqlaq.enqueue(session, "send_email", {"user_id": 7, "template": "welcome"})
+        sqlaq.enqueue(session, "send_email", {"user_id": 8, "template": "welcome"})
+        job = assert_enqueued(session, "send_email", payload={"user_id": 7})
+        assert job.payload == {"user_id": 7, "template": "welcome"}
+        assert_enqueued(session, "send_email", payload={"template": "welcome"}, count=2)
+        with pytest.raises(AssertionError, match="found 0; queued jobs: .*'user_id': 7"):
+            assert_enqueued(session, "send_email", payload={"user_id": 9})
+        with pytest.raises(AssertionError, match="expected 1 queued job"):
+            assert_enqueued(session, "send_email", count=1)
+        with pytest.raises(AssertionError, match="kind 'other'"):
+            assert_enqueued(session, "other")
+        session.rollback()
