@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from sqlaq import migrations, queries
 from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
+from sqlaq.config import WorkerConfig
+from sqlaq.context import JobContext, current_job
 from sqlaq.encoding import NewJob
 from sqlaq.errors import (
     ConfigError,
@@ -29,10 +31,13 @@ from sqlaq.ops import (
     enqueue_many,
     extend_lease,
     fail,
+    handback,
     prune,
     retry,
 )
+from sqlaq.registry import Handler, Registry
 from sqlaq.schema import JobStatus, jobs, metadata
+from sqlaq.worker import JobResult, Worker
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -40,22 +45,30 @@ __all__ = [
     "ClaimedJob",
     "ConfigError",
     "EnqueueResult",
+    "Handler",
     "InvalidJobError",
     "Job",
+    "JobContext",
+    "JobResult",
     "JobStatus",
     "Lease",
     "LeaseLostError",
     "NewJob",
     "PermanentError",
+    "Registry",
     "SchemaOutOfDateError",
     "SqlaqError",
+    "Worker",
+    "WorkerConfig",
     "cancel",
     "claim",
     "complete",
+    "current_job",
     "enqueue",
     "enqueue_many",
     "extend_lease",
     "fail",
+    "handback",
     "jobs",
     "metadata",
     "migrations",

@@ -297,7 +297,7 @@ def extend_lease(
     if not held:
         return []
     params = queries.fence_params(held) | {"b_lease": lease}
-    ends: dict[int, datetime] = {job_id: end for job_id, end in conn.execute(_EXTEND, params)}
+    ends: dict[int, datetime] = dict(conn.execute(_EXTEND, params).all())
     _check_lost(held, ends, raise_on_lost)
     return [
         Lease(h.job_id, h.worker_id, h.token, h.attempt, ends[h.job_id])
@@ -437,3 +437,34 @@ def prune(
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit)
     result: CursorResult[Any] = conn.execute(stmt)  # type: ignore[assignment]
     return int(result.rowcount)
+
+
+# --- worker support ---
+
+_HANDBACK = queries.handback_stmt(leases=[])
+
+
+def handback(
+    conn: Executor, leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True
+) -> list[int]:
+    """Give still-held jobs back to their queue unfinished, in one statement.
+
+    For a worker that stops before its jobs finish (a deploy, a scale-down): each job
+    whose lease is still held goes back to ``queued``, due now, with its lease cleared
+    and the attempt its claim counted refunded, since stopping a worker is not a failure
+    of the job. Idle workers are notified on commit. Whatever the handler still does
+    afterwards changes nothing: its lease is gone.
+
+    Returns:
+        The ids of the jobs handed back.
+
+    Raises:
+        LeaseLostError: a lease was lost and *raise_on_lost* is true; the other jobs of
+            the call were handed back all the same.
+    """
+    held = _as_leases(leases)
+    if not held:
+        return []
+    handed = set(conn.execute(_HANDBACK, queries.fence_params(held)).scalars())
+    _check_lost(held, handed, raise_on_lost)
+    return [h.job_id for h in held if h.job_id in handed]

@@ -81,14 +81,18 @@ __all__ = [
     "fail_params",
     "fail_stmt",
     "fence_params",
+    "find_jobs_stmt",
     "find_pending_duplicate_stmt",
     "find_pending_duplicates_stmt",
+    "get_job_stmt",
     "handback_stmt",
     "has_schema_revision_stmt",
     "listen_stmt",
     "prune_stmt",
     "retry_stmt",
     "schema_revision_stmt",
+    "stats_counts_stmt",
+    "stats_health_stmt",
 ]
 
 c = jobs.c
@@ -515,6 +519,76 @@ def enqueued_jobs_stmt(
     if payload is not None:
         wanted = cast(bindparam("b_payload", encode_payload(payload), Text), JSONB)
         stmt = stmt.where(c.payload.contains(wanted))
+    return stmt
+
+
+def stats_counts_stmt() -> Select[str, str, str, int]:
+    """Select ``queue, kind, status, count`` over the whole table (a full scan)."""
+    return (
+        select(c.queue, c.kind, c.status, func.count())
+        .group_by(c.queue, c.kind, c.status)
+        .order_by(c.queue, c.kind, c.status)
+    )
+
+
+def stats_health_stmt() -> Select[Any]:
+    """Per queue: due jobs, the oldest due job's age, running jobs whose lease expired,
+    and jobs that failed in the last hour (one pass with ``FILTER``)."""
+    queued_due = and_(c.status == _status(JobStatus.QUEUED), c.run_at <= _NOW)
+    return (
+        select(
+            c.queue,
+            func.count().filter(queued_due).label("due"),
+            (_NOW - func.min(c.run_at).filter(queued_due)).label("oldest_due_age"),
+            func.count().filter(_RUNNING, c.run_at < _NOW).label("expired_leases"),
+            func.count()
+            .filter(
+                c.status == _status(JobStatus.FAILED),
+                c.finished_at > _NOW - literal_column("interval '1 hour'"),
+            )
+            .label("failed_last_hour"),
+        )
+        .group_by(c.queue)
+        .order_by(c.queue)
+    )
+
+
+def get_job_stmt(*, job_id: int) -> Select[Any]:
+    """Select one job, every column, by id."""
+    return select(jobs).where(c.id == bindparam("b_id", job_id, BigInteger))
+
+
+def find_jobs_stmt(
+    *,
+    statuses: Collection[JobStatus] = (),
+    kind: str | None = None,
+    queue: str | None = None,
+    since: timedelta | None = None,
+    after_id: int | None = None,
+    limit: int | None = None,
+    newest_first: bool = False,
+) -> Select[Any]:
+    """Select jobs (every column) by status, kind, queue and age, ordered by id.
+
+    *since* keeps jobs created within that interval of ``now()``; *after_id* pages by
+    id (with ``newest_first``, ids below it), so bulk operations walk the table in
+    bounded batches without OFFSET.
+    """
+    stmt = select(jobs)
+    if statuses:
+        stmt = stmt.where(c.status.in_([_status(JobStatus(s)) for s in sorted(statuses)]))
+    if kind is not None:
+        stmt = stmt.where(c.kind == bindparam("b_kind", kind, Text))
+    if queue is not None:
+        stmt = stmt.where(c.queue == bindparam("b_queue", queue, Text))
+    if since is not None:
+        stmt = stmt.where(c.created_at >= _NOW - bindparam("b_since", since, Interval))
+    if after_id is not None:
+        bound = bindparam("b_after", after_id, BigInteger)
+        stmt = stmt.where(c.id < bound if newest_first else c.id > bound)
+    stmt = stmt.order_by(c.id.desc() if newest_first else c.id)
+    if limit is not None:
+        stmt = stmt.limit(bindparam("b_limit", limit, Integer))
     return stmt
 
 

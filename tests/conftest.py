@@ -18,12 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
-
-from alembic import command
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

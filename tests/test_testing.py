@@ -83,7 +83,7 @@ def test_assert_enqueued_matches_kind_payload_subset_and_count(engine: Engine) -
         job = assert_enqueued(session, "send_email", payload={"user_id": 7})
         assert job.payload == {"user_id": 7, "template": "welcome"}
         assert_enqueued(session, "send_email", payload={"template": "welcome"}, count=2)
-        with pytest.raises(AssertionError, match="found 0; queued jobs: .*'user_id': 7"):
+        with pytest.raises(AssertionError, match=r"found 0; queued jobs: .*'user_id': 7"):
             assert_enqueued(session, "send_email", payload={"user_id": 9})
         with pytest.raises(AssertionError, match="expected 1 queued job"):
             assert_enqueued(session, "send_email", count=1)

@@ -1,0 +1,142 @@
+"""``sqlaq.current_job()``: what a running handler may know about its job.
+
+This module owns the :class:`JobContext` a handler sees and the context variable that
+carries it. The worker sets the variable around each call, in the handler's thread for a
+sync handler and inside the task for an ``async`` one, so ``current_job()`` works in
+both and never sees another job. It must not import the worker: the worker hands each
+context the function that renews a lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from datetime import timedelta
+
+from sqlaq.lease import Lease
+
+__all__ = ["JobContext", "current_job"]
+
+#: Renews one job's lease to ``now() + length`` and returns the new lease; raises
+#: LeaseLostError when the lease is gone. Supplied by the worker.
+LeaseRenewer = Callable[["JobContext", timedelta], Lease]
+
+_CURRENT: ContextVar[JobContext | None] = ContextVar("sqlaq_current_job", default=None)
+
+
+class JobContext:
+    """The job a handler is running, as :func:`current_job` returns it.
+
+    Attributes:
+        id: The job's id.
+        kind: Its kind.
+        queue: The queue it was claimed from.
+        attempt: This attempt's number (1 for the first run).
+        max_attempts: How many attempts it may have in all.
+    """
+
+    __slots__ = (
+        "_lease",
+        "_renew",
+        "attempt",
+        "id",
+        "kind",
+        "lease_length",
+        "max_attempts",
+        "queue",
+    )
+
+    def __init__(
+        self,
+        *,
+        id: int,  # the column's name, shadowing the builtin inside __init__ only
+        kind: str,
+        queue: str,
+        attempt: int,
+        max_attempts: int,
+        lease: Lease,
+        lease_length: timedelta,
+        renew: LeaseRenewer,
+    ) -> None:
+        self.id = id
+        self.kind = kind
+        self.queue = queue
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self._lease = lease
+        #: The lease length the worker's heartbeat keeps renewing for this job.
+        self.lease_length = lease_length
+        self._renew = renew
+
+    @property
+    def lease(self) -> Lease:
+        """The job's current lease, with the end last written by a renewal."""
+        return self._lease
+
+    def _set_lease(self, lease: Lease) -> None:
+        # Called by the worker's heartbeat (another thread): one attribute store, atomic.
+        self._lease = lease
+
+    def extend_lease(self, length: timedelta | None = None) -> Lease:
+        """Renew the lease now, to ``now() + length``, and keep that length from here on.
+
+        The worker renews every running job's lease on its own, so a handler needs this
+        only before something that may stall longer than the lease (a long external
+        call in a worker whose heartbeat may not get through), or to ask for a longer
+        lease than its kind's. Runs one UPDATE on the worker's engine; in an ``async``
+        handler use :meth:`extend_lease_async` so the event loop is not blocked.
+
+        Args:
+            length: The new lease length; default the current one.
+
+        Returns:
+            The renewed lease.
+
+        Raises:
+            LeaseLostError: the lease expired and the job was claimed again, or it was
+                cancelled: stop working on it, its result will not be written.
+        """
+        if length is not None:
+            self.lease_length = length
+        self._lease = self._renew(self, self.lease_length)
+        return self._lease
+
+    async def extend_lease_async(self, length: timedelta | None = None) -> Lease:
+        """:meth:`extend_lease` for ``async`` handlers: the UPDATE runs in a thread."""
+        return await asyncio.to_thread(self.extend_lease, length)
+
+    def __repr__(self) -> str:
+        return (
+            f"JobContext(id={self.id}, kind={self.kind!r}, queue={self.queue!r}, "
+            f"attempt={self.attempt}/{self.max_attempts})"
+        )
+
+
+def current_job() -> JobContext:
+    """The job the calling handler is running.
+
+    Works in sync and ``async`` handlers, and in code they call (it is a context
+    variable, so threads and tasks a handler starts itself see it only if they copy the
+    context, as ``asyncio.create_task`` and ``asyncio.to_thread`` do).
+
+    Raises:
+        RuntimeError: called outside a handler run by a sqlaq worker.
+    """
+    job = _CURRENT.get()
+    if job is None:
+        raise RuntimeError("sqlaq.current_job() was called outside a job handler")
+    return job
+
+
+def bind(job: JobContext | None) -> Token[JobContext | None]:
+    """Make *job* the current job in this context; returns a token for :func:`unbind`.
+
+    For the worker (and :mod:`sqlaq.testing`), not for handlers.
+    """
+    return _CURRENT.set(job)
+
+
+def unbind(token: Token[JobContext | None]) -> None:
+    """Undo a :func:`bind`."""
+    _CURRENT.reset(token)

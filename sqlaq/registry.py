@@ -1,0 +1,290 @@
+"""The registry: job kind -> handler, with the per-kind options.
+
+This module owns what a worker needs to know about a kind before running it: the
+function, whether it is ``async``, the default ``max_attempts``, the lease, and the retry
+policy (which exceptions retry, and how long to wait). It runs no job and no SQL except
+through :mod:`sqlaq.ops` in :meth:`Registry.enqueue`.
+
+Retry policies speak tenacity's vocabulary, so ``retry=tenacity.retry_if_exception_type(
+IOError)`` and ``wait=tenacity.wait_exponential_jitter(...)`` work as they do with
+tenacity. They are evaluated on a :class:`tenacity.RetryCallState` built for the failed
+attempt (its number and its exception), since the "retry loop" here spans processes and
+the job row, not one Python call. ``stop`` has no equivalent: the job row's
+``max_attempts`` is the stop, and the fail statement applies it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar, cast
+
+import tenacity
+
+from sqlaq import ops
+from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
+from sqlaq.encoding import NewJob, check_name
+from sqlaq.errors import ConfigError, InvalidJobError, PermanentError
+from sqlaq.schema import DEFAULT_MAX_ATTEMPTS
+
+__all__ = ["Handler", "Registry", "RetryPolicy", "WaitPolicy"]
+
+#: A handler: called with the job's payload; a coroutine function is awaited.
+HandlerFunc = Callable[[dict[str, Any]], object]
+#: Which failures retry: a tenacity ``retry_*`` predicate (any callable taking a
+#: ``RetryCallState``), or an exception class or tuple of them.
+RetryPolicy = (
+    Callable[[tenacity.RetryCallState], bool]
+    | type[BaseException]
+    | tuple[type[BaseException], ...]
+)
+#: How long to wait before the next attempt: a :class:`~sqlaq.Backoff`, or a tenacity
+#: ``wait_*`` strategy (any callable taking a ``RetryCallState`` and returning seconds).
+WaitPolicy = Backoff | Callable[[tenacity.RetryCallState], float]
+
+F = TypeVar("F", bound=Callable[..., object])
+
+# Built once: some tenacity strategies look at the state's retry object, none of the
+# retry_*/wait_* ones change it.
+_RETRYING = tenacity.Retrying()
+_DEFAULT_RETRY = tenacity.retry_if_not_exception_type(PermanentError)
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    """A registered handler and its options. Build it with :meth:`Registry.handler`.
+
+    Attributes:
+        kind: The job kind it runs.
+        func: The function, called with the payload.
+        is_async: True for an ``async def`` handler (run on the worker's event loop).
+        max_attempts: The default :meth:`Registry.enqueue` uses; the job row's own
+            ``max_attempts`` is what the worker honours.
+        lease: The lease length kept while this kind runs, or None for the worker's.
+        retry: Which failures retry (a tenacity predicate).
+        wait: The delay before the next attempt.
+    """
+
+    kind: str
+    func: HandlerFunc
+    is_async: bool
+    max_attempts: int
+    lease: timedelta | None
+    retry: Callable[[tenacity.RetryCallState], bool]
+    wait: WaitPolicy
+
+    def retry_in(self, attempt: int, error: BaseException) -> timedelta | None:
+        """The delay before retrying after *error* ended attempt number *attempt*.
+
+        Returns:
+            None when *error* must not be retried: a :class:`~sqlaq.PermanentError`
+            (always), or an error the retry predicate rejects. Whether attempts are
+            left is the job row's business (``max_attempts``), not this method's.
+        """
+        if isinstance(error, PermanentError):
+            return None
+        state = tenacity.RetryCallState(_RETRYING, fn=self.func, args=(), kwargs={})
+        state.attempt_number = attempt
+        state.set_exception((type(error), error, error.__traceback__))
+        if not self.retry(state):
+            return None
+        if isinstance(self.wait, Backoff):
+            return self.wait(attempt)
+        return timedelta(seconds=max(0.0, float(self.wait(state))))
+
+
+class Registry:
+    """Maps job kinds to handlers. Give it to a :class:`~sqlaq.Worker` or to
+    ``sqlaq-worker module:attribute``.
+
+    Example::
+
+        registry = sqlaq.Registry()
+
+        @registry.handler("send_email", max_attempts=10,
+                          retry=tenacity.retry_if_exception_type(IOError))
+        def send_email(payload: dict[str, Any]) -> None:
+            ...
+    """
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+
+    def handler(
+        self,
+        kind: str,
+        *,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        lease: timedelta | None = None,
+        retry: RetryPolicy | None = None,
+        wait: WaitPolicy | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as the handler of *kind*.
+
+        The function is called with the job's payload (a dict) as its one argument; it
+        may be ``async def``. It is returned unchanged, so it stays callable directly.
+
+        Args:
+            kind: The job kind, as enqueued.
+            max_attempts: The default :meth:`enqueue` gives jobs of this kind.
+            lease: Keep this lease while a job of this kind runs, instead of the
+                worker's: longer for work that may stall between heartbeats.
+            retry: Which exceptions retry: a tenacity ``retry_*`` predicate, or an
+                exception class or tuple of them. Default: all but PermanentError,
+                which never retries whatever the predicate says.
+            wait: The delay before the next attempt: a :class:`~sqlaq.Backoff` or a
+                tenacity ``wait_*`` strategy. Default: :data:`~sqlaq.DEFAULT_BACKOFF`.
+
+        Raises:
+            ConfigError: the kind is not a usable name or is already registered, or an
+                option is unusable.
+        """
+
+        def register(func: F) -> F:
+            self.add(kind, func, max_attempts=max_attempts, lease=lease, retry=retry, wait=wait)
+            return func
+
+        return register
+
+    def add(
+        self,
+        kind: str,
+        func: HandlerFunc,
+        *,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        lease: timedelta | None = None,
+        retry: RetryPolicy | None = None,
+        wait: WaitPolicy | None = None,
+    ) -> Handler:
+        """Register *func* as the handler of *kind*; the non-decorator form of
+        :meth:`handler`, with the same arguments.
+
+        Returns:
+            The registered :class:`Handler`.
+        """
+        try:
+            check_name("kind", kind)
+        except InvalidJobError as exc:
+            raise ConfigError(str(exc)) from exc
+        if kind in self._handlers:
+            raise ConfigError(f"kind {kind!r} already has a handler: {self._handlers[kind].func!r}")
+        if not callable(func):
+            raise ConfigError(f"the handler of {kind!r} must be callable, got {func!r}")
+        entry = Handler(
+            kind=kind,
+            func=func,
+            is_async=inspect.iscoroutinefunction(func),
+            max_attempts=_check_max_attempts(kind, max_attempts),
+            lease=_check_lease(kind, lease),
+            retry=_retry_predicate(kind, retry),
+            wait=_wait_policy(kind, wait),
+        )
+        self._handlers[kind] = entry
+        return entry
+
+    def get(self, kind: str) -> Handler | None:
+        """The handler of *kind*, or None."""
+        return self._handlers.get(kind)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._handlers
+
+    def __iter__(self) -> Iterator[Handler]:
+        return iter(self._handlers.values())
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+    @property
+    def kinds(self) -> list[str]:
+        """The registered kinds, sorted."""
+        return sorted(self._handlers)
+
+    def new_job(
+        self, kind: str, payload: Mapping[str, Any] | None = None, **options: Any
+    ) -> NewJob:
+        """A :class:`~sqlaq.NewJob` of a registered *kind*, for :func:`sqlaq.enqueue_many`.
+
+        ``max_attempts`` defaults to the handler's; other *options* are NewJob's.
+
+        Raises:
+            ConfigError: *kind* has no handler here.
+            InvalidJobError: bad input.
+        """
+        entry = self._require(kind)
+        options.setdefault("max_attempts", entry.max_attempts)
+        return NewJob(kind=kind, payload={} if payload is None else payload, **options)
+
+    def enqueue(
+        self,
+        conn: ops.Executor,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> ops.EnqueueResult:
+        """Enqueue a job of a registered *kind* in the caller's transaction.
+
+        Like :func:`sqlaq.enqueue` (same *options*: queue, priority, delay, dedupe_key,
+        max_attempts), but ``max_attempts`` defaults to the handler's, and a kind with
+        no handler here is refused before anything is written.
+
+        Raises:
+            ConfigError: *kind* has no handler here.
+            InvalidJobError: bad input; nothing was written.
+        """
+        entry = self._require(kind)
+        options.setdefault("max_attempts", entry.max_attempts)
+        return ops.enqueue(conn, kind, payload, **options)
+
+    def _require(self, kind: str) -> Handler:
+        entry = self._handlers.get(kind)
+        if entry is None:
+            raise ConfigError(f"no handler for kind {kind!r}; registered kinds: {self.kinds}")
+        return entry
+
+
+def _check_max_attempts(kind: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"max_attempts of {kind!r} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _check_lease(kind: str, value: object) -> timedelta | None:
+    if value is None:
+        return None
+    if not isinstance(value, timedelta) or value < timedelta(milliseconds=100):
+        raise ConfigError(f"lease of {kind!r} must be a timedelta of 0.1s or more, got {value!r}")
+    return value
+
+
+def _retry_predicate(
+    kind: str, value: RetryPolicy | None
+) -> Callable[[tenacity.RetryCallState], bool]:
+    if value is None:
+        return _DEFAULT_RETRY
+    # Classes are callable too: recognise exception classes before treating the value as
+    # a predicate, or IOError(state) would "return" a truthy exception instance.
+    if isinstance(value, type) and issubclass(value, BaseException):
+        return tenacity.retry_if_exception_type(value)
+    if isinstance(value, tuple) and all(
+        isinstance(v, type) and issubclass(v, BaseException) for v in value
+    ):
+        return tenacity.retry_if_exception_type(value)
+    if callable(value):
+        return cast("Callable[[tenacity.RetryCallState], bool]", value)
+    raise ConfigError(
+        f"retry of {kind!r} must be a tenacity retry_* predicate or exception class(es), "
+        f"got {value!r}"
+    )
+
+
+def _wait_policy(kind: str, value: WaitPolicy | None) -> WaitPolicy:
+    if value is None:
+        return DEFAULT_BACKOFF
+    if isinstance(value, Backoff) or callable(value):
+        return value
+    raise ConfigError(
+        f"wait of {kind!r} must be a sqlaq.Backoff or a tenacity wait_* strategy, got {value!r}"
+    )

@@ -1,0 +1,303 @@
+"""Running handlers off the worker's thread; no SQL, no scheduling.
+
+This module owns where handler code executes: sync handlers on a set of long-lived
+daemon threads fed by one queue (a job costs a queue hand-off, never a thread), async
+handlers as tasks on one event loop in one daemon thread. It records each run's outcome
+(the error text and the retry delay the handler's policy asks for) on the :class:`Run`
+and hands the run back through a callback. It must not decide what a job's outcome
+means for the table: that is the worker's.
+
+Threads are daemons on purpose: at shutdown a handler that ignores the grace period is
+abandoned (its job was handed back, and its lease is gone, so nothing it returns is
+written) instead of keeping the process alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import queue
+import threading
+import traceback
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from time import perf_counter
+from typing import Any, cast
+
+from sqlaq.backoff import DEFAULT_BACKOFF
+from sqlaq.context import JobContext, LeaseRenewer, bind, unbind
+from sqlaq.ops import ClaimedJob
+from sqlaq.registry import Handler
+from sqlaq.schema import JobStatus
+
+__all__ = ["JobResult", "Run", "Runner", "describe_error"]
+
+_log = logging.getLogger(__name__)
+
+#: Frames of a handler's traceback kept in ``last_error`` (the innermost ones).
+TRACEBACK_FRAMES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """What became of one run, as a worker's ``on_job_finished`` callback receives it.
+
+    Attributes:
+        job_id: The job.
+        kind: Its kind.
+        queue: Its queue.
+        attempt: The attempt that ran.
+        status: The status written: done, queued (to be retried) or failed; None when
+            the lease was lost and nothing was written.
+        error: The failure summary written to ``last_error``, if the attempt failed.
+        duration: Seconds the handler ran.
+    """
+
+    job_id: int
+    kind: str
+    queue: str
+    attempt: int
+    status: JobStatus | None
+    error: str | None
+    duration: float
+
+
+@dataclass(eq=False, slots=True)
+class Run:
+    """One attempt of one job in this process, from claim to written outcome.
+
+    Attributes:
+        job: The claimed job.
+        handler: Its handler; None when the kind has no handler here.
+        context: What ``current_job()`` returns while it runs; holds the current lease.
+        error: Set when the attempt failed: the error summary for ``last_error``.
+        retry_in: Set with *error* when the policy retries: the delay before the next
+            attempt.
+        duration: Seconds the handler ran.
+        lost: The lease was found lost while it ran: its outcome must not be written.
+    """
+
+    job: ClaimedJob
+    handler: Handler | None
+    context: JobContext
+    error: str | None = None
+    retry_in: timedelta | None = None
+    duration: float = 0.0
+    lost: bool = False
+
+    @classmethod
+    def of(
+        cls, job: ClaimedJob, handler: Handler | None, lease_length: timedelta, renew: LeaseRenewer
+    ) -> Run:
+        """A run of the claimed *job*, with the context its handler will see."""
+        context = JobContext(
+            id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            lease=job.lease,
+            lease_length=lease_length,
+            renew=renew,
+        )
+        return cls(job, handler, context)
+
+    def result(self, status: JobStatus | None) -> JobResult:
+        """This run as a :class:`JobResult`, once *status* was written (None: lost)."""
+        job = self.job
+        return JobResult(
+            job.id, job.kind, job.queue, job.attempt, status, self.error, self.duration
+        )
+
+    def log_extra(self, *, finished: bool = False) -> dict[str, Any]:
+        """The ``extra`` keys of this run's log lines (with its duration once finished)."""
+        job = self.job
+        extra: dict[str, Any] = {
+            "job_id": job.id,
+            "kind": job.kind,
+            "attempt": job.attempt,
+            "queue": job.queue,
+        }
+        if finished:
+            extra["duration"] = round(self.duration, 6)
+        return extra
+
+    def log_outcome(self, log: logging.Logger, status: JobStatus) -> None:
+        """Log the written *status* at INFO: one line per state change."""
+        extra = self.log_extra(finished=True)
+        if status is JobStatus.DONE:
+            log.info("job done", extra=extra)
+            return
+        extra["error"] = (self.error or "").partition("\n")[0]
+        if status is JobStatus.QUEUED:
+            extra["retry_in"] = self.retry_in.total_seconds() if self.retry_in else 0.0
+            log.info("job failed, will retry", extra=extra)
+        else:
+            log.info("job failed", extra=extra)
+
+    def fail(self, error: BaseException) -> None:
+        """Record *error* as this attempt's failure, with the policy's retry delay."""
+        self.error = describe_error(error)
+        if self.handler is None or self.job.attempt >= self.job.max_attempts:
+            return  # no attempts left: the fail statement would not retry anyway
+        try:
+            self.retry_in = self.handler.retry_in(self.job.attempt, error)
+        except Exception:
+            # A broken policy must not lose the job: retry on the default backoff.
+            _log.exception("retry policy of kind %r raised; using the default", self.job.kind)
+            self.retry_in = DEFAULT_BACKOFF(self.job.attempt)
+
+
+def describe_error(error: BaseException) -> str:
+    """``last_error`` for *error*: its ``Type: message`` line first, then the innermost
+    frames of its traceback (a summary for operators, not a full log)."""
+    head = "".join(traceback.format_exception_only(error)).strip()
+    frames = traceback.format_tb(error.__traceback__, limit=-TRACEBACK_FRAMES)
+    if not frames:
+        return head
+    return f"{head}\n\nTraceback (most recent call last):\n{''.join(frames)}".rstrip()
+
+
+class Runner:
+    """Executes runs: sync handlers on up to *size* threads, async ones on one loop.
+
+    Args:
+        size: The most sync handlers running at once (the worker's concurrency).
+        on_finished: Called with each finished run, from the thread that ran it. The
+            run's ``error``, ``retry_in`` and ``duration`` are set before the call.
+    """
+
+    def __init__(self, size: int, on_finished: Callable[[Run], None]) -> None:
+        self._size = size
+        self._on_finished = on_finished
+        self._queue: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._loop_lock = threading.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._blocking = 0  # sync runs submitted and not finished
+        self._count_lock = threading.Lock()
+
+    def submit(self, runs: Iterable[Run]) -> None:
+        """Start *runs*: sync handlers on the threads (started as first needed, up to
+        *size*), async ones on the loop."""
+        coroutines: list[Run] = []
+        blocking = 0
+        for run in runs:
+            if run.handler is not None and run.handler.is_async:
+                coroutines.append(run)
+            else:
+                self._queue.put(run)
+                blocking += 1
+        if blocking:
+            with self._count_lock:
+                self._blocking += blocking
+                wanted = min(self._size, self._blocking)
+            self._grow(wanted)
+        if coroutines:
+            self._ensure_loop().call_soon_threadsafe(self._start_tasks, coroutines)
+
+    def close(self) -> None:
+        """Let idle threads exit, cancel running async handlers, stop the loop.
+
+        Threads still running a sync handler are abandoned (they are daemons).
+        """
+        for _ in self._threads:
+            self._queue.put(None)
+        loop = self._loop
+        if loop is not None and self._loop_thread is not None:
+            loop.call_soon_threadsafe(self._cancel_tasks)
+            self._loop_thread.join(timeout=2.0)
+
+    def _grow(self, target: int) -> None:
+        while len(self._threads) < target:
+            thread = threading.Thread(
+                target=self._serve, name=f"sqlaq-slot-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self) -> None:
+        get = self._queue.get
+        while (run := get()) is not None:
+            self._run_one(run)
+
+    def _run_one(self, run: Run) -> None:
+        token = bind(run.context)
+        started = perf_counter()
+        try:
+            if run.handler is None:  # pragma: no cover - the worker never submits these
+                raise RuntimeError(f"no handler for kind {run.job.kind!r}")
+            result = run.handler.func(run.job.payload)
+            if inspect.isawaitable(result):
+                # A sync callable that returned an awaitable (a wrapped coroutine
+                # function): run it on the shared loop rather than a loop of its own.
+                asyncio.run_coroutine_threadsafe(_awaited(result), self._ensure_loop()).result()
+        except BaseException as exc:  # a handler's error never ends the slot thread
+            run.fail(exc)
+        finally:
+            unbind(token)
+        run.duration = perf_counter() - started
+        with self._count_lock:  # before reporting: the worker may refill the slot at once
+            self._blocking -= 1
+        self._on_finished(run)
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._loop_thread = threading.Thread(
+                    target=self._run_loop, args=(self._loop,), name="sqlaq-asyncio", daemon=True
+                )
+                self._loop_thread.start()
+            return self._loop
+
+    @staticmethod
+    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def _start_tasks(self, runs: list[Run]) -> None:
+        loop = asyncio.get_running_loop()
+        for run in runs:
+            task = loop.create_task(self._run_one_async(run))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run_one_async(self, run: Run) -> None:
+        handler = run.handler
+        if handler is None:  # pragma: no cover - only handled kinds are submitted
+            return
+        # Each task runs in its own copy of the context, so this binding is the task's.
+        bind(run.context)
+        started = perf_counter()
+        try:
+            await cast(Awaitable[object], handler.func(run.job.payload))
+        except asyncio.CancelledError:
+            return  # cancelled at shutdown, after its job was handed back
+        except BaseException as exc:  # recorded on the job, like a sync handler's
+            run.fail(exc)
+        run.duration = perf_counter() - started
+        self._on_finished(run)
+
+    def _cancel_tasks(self) -> None:
+        loop = asyncio.get_running_loop()
+        for task in self._tasks:
+            task.cancel()
+        pending = list(self._tasks)
+        if pending:
+            done = asyncio.gather(*pending, return_exceptions=True)
+            done.add_done_callback(lambda _f: loop.stop())
+        else:
+            loop.stop()
+
+
+async def _awaited(awaitable: Awaitable[object]) -> object:
+    return await awaitable

@@ -1,0 +1,244 @@
+"""``sqlaq-worker`` and ``sqlaq``: options, configuration errors, burst runs.
+
+Configuration errors run the command as a real process, to see exactly what reaches
+stderr and the exit code; option resolution is tested on ``parse_options`` with an
+explicit environment (nothing here reads or writes ``os.environ`` of the test process).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from workerkit import TESTS_DIR, count_status, ledger_table, rows, worker_env
+
+import sqlaq
+from sqlaq.cli import UsageError, parse_duration, parse_options
+
+# Each test that starts processes or threads sets its own, tighter bound.
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def ledger(committed: Engine) -> Iterator[Engine]:
+    """The ledger table (on a truncated queue), dropped after the test."""
+    yield from ledger_table(committed)
+
+
+@pytest.fixture
+def empty_database_url(server_url: str) -> Iterator[str]:
+    """A database of its own with no sqlaq schema, dropped after the test."""
+    name = f"sqlaq_empty_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def run_cli(
+    *args: str, database_url: str | None = None, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``sqlaq-worker *args`` to completion (from the tests directory)."""
+    environment = worker_env(database_url or "", **env)
+    if database_url is None:
+        del environment["SQLAQ_DATABASE_URL"]
+    return subprocess.run(
+        [sys.executable, "-m", "sqlaq.cli", *args],
+        cwd=TESTS_DIR,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("sqlaq-worker: error: ")
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+# -- configuration errors: one line, exit 2 --------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_bad_flag_is_one_line_exit_2(database_url: str) -> None:
+    result = run_cli("worker_app:registry", "--bogus", database_url=database_url)
+    assert_usage_error(result, "unrecognized arguments: --bogus", "--help")
+    result = run_cli("worker_app:registry", "--concurrency", "many", database_url=database_url)
+    assert_usage_error(result, "--concurrency", "invalid integer 'many'")
+    result = run_cli("worker_app:registry", "--concurrency", "0", database_url=database_url)
+    assert_usage_error(result, "concurrency must be between 1")
+
+
+@pytest.mark.timeout(60)
+def test_unknown_module_attribute_or_not_a_registry_is_one_line_exit_2(
+    database_url: str,
+) -> None:
+    assert_usage_error(
+        run_cli("no_such_module:registry", database_url=database_url),
+        "cannot import 'no_such_module'",
+    )
+    assert_usage_error(
+        run_cli("worker_app:nothing_here", database_url=database_url),
+        "module 'worker_app' has no attribute 'nothing_here'",
+    )
+    assert_usage_error(
+        run_cli("worker_app:NOT_A_REGISTRY", database_url=database_url),
+        "worker_app:NOT_A_REGISTRY is a dict, not a sqlaq.Registry",
+    )
+    assert_usage_error(run_cli("worker_app", database_url=database_url), "module:attribute")
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_database_is_one_line_exit_2() -> None:
+    result = run_cli(
+        "worker_app:registry",
+        "--database-url",
+        "postgresql://postgres:secret@127.0.0.1:1/nowhere",
+    )
+    assert_usage_error(result, "cannot use the database at", "127.0.0.1:1")
+    assert "secret" not in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_missing_database_url_or_bad_variable_is_one_line_exit_2(database_url: str) -> None:
+    assert_usage_error(run_cli("worker_app:registry"), "no database URL", "SQLAQ_DATABASE_URL")
+    assert_usage_error(
+        run_cli("worker_app:registry", database_url=database_url, SQLAQ_LEASE="soon"),
+        "SQLAQ_LEASE: invalid duration 'soon'",
+    )
+
+
+@pytest.mark.timeout(60)
+def test_database_without_the_schema_is_one_line_exit_2(empty_database_url: str) -> None:
+    result = run_cli("worker_app:registry", database_url=empty_database_url)
+    assert_usage_error(result, "schema is not installed", "alembic upgrade heads", "sqlaq migrate")
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_burst_runs_sync_and_async_handlers_then_exits_0(ledger: Engine, database_url: str) -> None:
+    with ledger.begin() as conn:
+        sqlaq.enqueue_many(
+            conn, [sqlaq.NewJob(kind) for kind in ("record", "async_record") for _ in range(50)]
+        )
+        sqlaq.enqueue(conn, "record", delay=timedelta(hours=1))  # not due: not waited for
+    result = run_cli(
+        "worker_app:registry", "--burst", "--log-format", "json", database_url=database_url
+    )
+    assert result.returncode == 0, result.stderr
+    assert count_status(ledger, "done") == 100
+    notes = rows(ledger, "SELECT note, count(*) FROM sqlaq_test_ledger GROUP BY note ORDER BY 1")
+    assert [tuple(r) for r in notes] == [("", 50), ("async", 50)]
+    assert '"message": "job done"' in result.stderr
+    assert '"job_id": ' in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_burst_with_a_flaky_handler_retries_with_backoff(ledger: Engine, database_url: str) -> None:
+    with ledger.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "flaky", {"succeed_on": 2}).job_id
+    result = run_cli("worker_app:registry", "--burst", database_url=database_url)
+    assert result.returncode == 0, result.stderr
+    # Burst mode stops once nothing is due: the retry is scheduled, not run.
+    row = rows(
+        ledger, "SELECT status, attempts, last_error FROM sqlaq_jobs WHERE id = :id", id=job_id
+    )[0]
+    assert (row.status, row.attempts) == ("queued", 1)
+    assert row.last_error.startswith("OSError: flaky failure")
+    assert "job failed, will retry" in result.stderr
+
+
+def test_help_names_the_variable_of_every_flag() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for variable in (
+        "SQLAQ_APP",
+        "SQLAQ_DATABASE_URL",
+        "SQLAQ_QUEUES",
+        "SQLAQ_CONCURRENCY",
+        "SQLAQ_LEASE",
+        "SQLAQ_POLL_INTERVAL",
+        "SQLAQ_GRACE_PERIOD",
+        "SQLAQ_BURST",
+        "SQLAQ_LISTEN",
+        "SQLAQ_LOG_LEVEL",
+        "SQLAQ_LOG_FORMAT",
+    ):
+        assert f"(env: {variable};" in " ".join(result.stdout.split())
+
+
+def test_admin_command_is_a_stub_for_now() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", "from sqlaq.cli import admin_main; admin_main()"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "sqlaq: operator commands are not implemented yet"
+
+
+# -- option resolution (no process) ----------------------------------------------------
+
+
+def test_flag_beats_variable_beats_default() -> None:
+    environ = {
+        "SQLAQ_DATABASE_URL": "postgresql://from-sqlaq-variable/db",
+        "DATABASE_URL": "postgresql://from-plain-variable/db",
+        "SQLAQ_CONCURRENCY": "5",
+        "SQLAQ_LEASE": "10s",
+        "SQLAQ_QUEUES": "a, b",
+        "SQLAQ_BURST": "true",
+    }
+    options = parse_options(["app:registry", "--concurrency", "3", "--no-burst"], environ)
+    assert options.config.concurrency == 3
+    assert options.config.burst is False
+    assert options.config.lease == timedelta(seconds=10)
+    assert options.config.queues == ("a", "b")
+    assert options.config.poll_interval == sqlaq.WorkerConfig().poll_interval
+    assert options.database_url == "postgresql://from-sqlaq-variable/db"
+    assert (options.log_level, options.log_format) == ("info", "text")
+
+    options = parse_options(
+        ["--queue", "x", "--queue", "y,z", "--database-url", "postgresql://flag/db"],
+        {"SQLAQ_APP": "app:registry", "DATABASE_URL": "postgresql://plain/db"},
+    )
+    assert options.app == "app:registry"
+    assert options.config.queues == ("x", "y", "z")
+    assert options.database_url == "postgresql://flag/db"
+    assert parse_options(["a:b"], {"DATABASE_URL": "postgresql://plain/db"}).database_url == (
+        "postgresql://plain/db"
+    )
+
+
+def test_durations_take_seconds_or_a_unit() -> None:
+    assert parse_duration("30") == timedelta(seconds=30)
+    assert parse_duration("2.5") == timedelta(seconds=2.5)
+    assert parse_duration("500ms") == timedelta(milliseconds=500)
+    assert parse_duration("5m") == timedelta(minutes=5)
+    assert parse_duration("1h") == timedelta(hours=1)
+    for bad in ("", "-1", "soon", "5 parsecs"):
+        with pytest.raises(ValueError, match="invalid duration"):
+            parse_duration(bad)
+    with pytest.raises(UsageError, match="SQLAQ_POLL_INTERVAL"):
+        parse_options(["a:b"], {"DATABASE_URL": "postgresql://x/y", "SQLAQ_POLL_INTERVAL": "x"})

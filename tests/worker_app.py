@@ -1,0 +1,122 @@
+"""Handlers for the worker processes the tests start (``sqlaq-worker worker_app:registry``).
+
+Every handler that matters records its run in a ledger table (created and dropped by
+the tests, see ``workerkit.ledger``) through an engine of its own, on the database named
+by ``SQLAQ_DATABASE_URL``, the variable the worker command reads too. Ledger rows carry
+the database clock, so tests measure delays between events on one clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import tenacity
+from sqlalchemy import Engine, create_engine, text
+
+import sqlaq
+
+LEDGER = "sqlaq_test_ledger"
+HANDLER_APPLICATION_NAME = "sqlaq-test-handler"
+
+registry = sqlaq.Registry()
+#: For the test of an APP attribute that is not a Registry.
+NOT_A_REGISTRY = {"kinds": []}
+
+_engine: Engine | None = None
+
+
+def _ledger_engine() -> Engine:
+    global _engine
+    if _engine is None:
+        _engine = create_engine(
+            os.environ["SQLAQ_DATABASE_URL"],
+            pool_size=4,
+            max_overflow=16,
+            # Ledger rows need not survive a server crash: skip the wait for the WAL
+            # flush so thousands of handler commits stay quick.
+            connect_args={
+                "application_name": HANDLER_APPLICATION_NAME,
+                "options": "-c synchronous_commit=off",
+            },
+        )
+    return _engine
+
+
+def record(note: str = "") -> int:
+    """Record this run of the current job; return how many runs the job has had."""
+    job = sqlaq.current_job()
+    with _ledger_engine().begin() as conn:
+        conn.execute(
+            text(
+                f"INSERT INTO {LEDGER} (job_id, attempt, pid, note) "
+                "VALUES (:job_id, :attempt, :pid, :note)"
+            ),
+            {"job_id": job.id, "attempt": job.attempt, "pid": os.getpid(), "note": note},
+        )
+        runs: int = conn.execute(
+            text(f"SELECT count(*) FROM {LEDGER} WHERE job_id = :job_id"), {"job_id": job.id}
+        ).scalar_one()
+    return runs
+
+
+@registry.handler("noop")
+def noop(payload: dict[str, Any]) -> None:
+    """Do nothing (throughput runs)."""
+
+
+@registry.handler("record")
+def record_run(payload: dict[str, Any]) -> None:
+    """Record the run."""
+    record()
+
+
+@registry.handler("async_record")
+async def async_record(payload: dict[str, Any]) -> None:
+    """Record the run from an async handler (the ledger write runs in a thread)."""
+    await asyncio.sleep(0)
+    await asyncio.to_thread(record, "async")
+
+
+@registry.handler("sleep")
+def sleep(payload: dict[str, Any]) -> None:
+    """Record the run, then take ``payload['seconds']``."""
+    record()
+    time.sleep(payload["seconds"])
+    record("finished")
+
+
+@registry.handler("block_first")
+def block_first(payload: dict[str, Any]) -> None:
+    """Block for ``payload['seconds']`` (default 60) on the job's first run only."""
+    if record() == 1:
+        time.sleep(payload.get("seconds", 60))
+
+
+@registry.handler("exit")
+def exit_process(payload: dict[str, Any]) -> None:
+    """Kill the worker process, every attempt, like a segfault would."""
+    record()
+    os._exit(3)
+
+
+@registry.handler("flaky", wait=sqlaq.Backoff(base=timedelta(milliseconds=100)))
+def flaky(payload: dict[str, Any]) -> None:
+    """Fail until attempt ``payload['succeed_on']``."""
+    record()
+    if sqlaq.current_job().attempt < payload["succeed_on"]:
+        raise OSError("flaky failure")
+
+
+@registry.handler(
+    "picky",
+    retry=tenacity.retry_if_exception_type(OSError),
+    wait=tenacity.wait_fixed(0.1),
+)
+def picky(payload: dict[str, Any]) -> None:
+    """Raise OSError (retried) or ValueError (not retried), as the payload says."""
+    record()
+    raise (OSError if payload["error"] == "io" else ValueError)(payload["error"])

@@ -1,0 +1,184 @@
+"""Shared tools of the worker and CLI tests: worker processes, the ledger, waiting.
+
+Worker processes run ``python -m sqlaq.cli worker_app:registry`` with this directory as
+their working directory and on PYTHONPATH; their logs go to a file (a pipe nobody reads
+would fill and block them) that a failing test prints. Every process started through
+:func:`worker_processes` is killed when the block exits, whatever happened.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy import Engine, text
+from worker_app import LEDGER
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def wait_until(
+    condition: Callable[[], Any], timeout: float, message: str, interval: float = 0.05
+) -> Any:
+    """Poll *condition* until it returns something truthy; fail after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def scalar(engine: Engine, sql: str, **params: Any) -> Any:
+    """Run *sql* in its own transaction and return its one value."""
+    with engine.connect() as conn:
+        return conn.execute(text(sql), params).scalar_one()
+
+
+def rows(engine: Engine, sql: str, **params: Any) -> list[Any]:
+    """Run *sql* in its own transaction and return all its rows."""
+    with engine.connect() as conn:
+        return list(conn.execute(text(sql), params).all())
+
+
+def count_status(engine: Engine, status: str, kind: str | None = None) -> int:
+    """How many jobs have *status* (and *kind*)."""
+    return int(
+        scalar(
+            engine,
+            "SELECT count(*) FROM sqlaq_jobs "
+            "WHERE status = :s AND (CAST(:k AS text) IS NULL OR kind = :k)",
+            s=status,
+            k=kind,
+        )
+    )
+
+
+def ledger_runs(engine: Engine, job_id: int) -> list[Any]:
+    """The ledger rows of *job_id*, oldest first."""
+    return rows(engine, f"SELECT * FROM {LEDGER} WHERE job_id = :id ORDER BY seq", id=job_id)
+
+
+def ledger_table(committed: Engine) -> Iterator[Engine]:
+    """Create the ledger table in the suite's database, yield, drop it (the body of the
+    test modules' ``ledger`` fixture)."""
+    with committed.begin() as conn:
+        conn.execute(text(f"DROP TABLE IF EXISTS {LEDGER}"))
+        conn.execute(
+            text(
+                f"CREATE TABLE {LEDGER} (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                "job_id bigint NOT NULL, attempt int NOT NULL, pid int NOT NULL, "
+                "note text NOT NULL DEFAULT '', at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            )
+        )
+    try:
+        yield committed
+    finally:
+        with committed.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {LEDGER}"))
+
+
+class WorkerProcess:
+    """One ``sqlaq-worker`` process."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: IO[bytes]) -> None:
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sqlaq.cli", *args],
+            cwd=TESTS_DIR,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def output(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")
+
+
+def worker_env(database_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a worker process: this one, plus the test app on the path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SQLAQ_")}
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(TESTS_DIR) + (os.pathsep + path if path else "")
+    env["SQLAQ_DATABASE_URL"] = database_url
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def worker_processes(database_url: str) -> Iterator[Callable[..., WorkerProcess]]:
+    """Yield ``start(*args, app=..., **env)``; kill every process it started on exit.
+
+    On an error inside the block, the logs of the processes are printed (pytest shows
+    them with the failure).
+    """
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, app: str = "worker_app:registry", **env: str) -> WorkerProcess:
+        log = tempfile.NamedTemporaryFile(prefix="sqlaq-worker-", suffix=".log")  # noqa: SIM115
+        process = WorkerProcess([app, *args], worker_env(database_url, **env), log)
+        started.append(process)
+        return process
+
+    try:
+        yield start
+    except BaseException:
+        for process in started:
+            print(f"--- worker {process.pid} (exit {process.proc.poll()}) ---")
+            print(process.output()[-6000:])
+        raise
+    finally:
+        for process in started:
+            if process.alive():
+                process.proc.kill()
+            process.proc.wait(10)
+            process.log.close()
+
+
+def backends(engine: Engine, application_name: str) -> list[int]:
+    """Backend pids of this database with *application_name*."""
+    return [
+        row[0]
+        for row in rows(
+            engine,
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = :name",
+            name=application_name,
+        )
+    ]
+
+
+def listener_backends(engine: Engine) -> list[int]:
+    """Backend pids of this database waiting in LISTEN (one per listening worker)."""
+    return backends(engine, "sqlaq-listener")
+
+
+def terminate(engine: Engine, pids: list[int]) -> None:
+    """``pg_terminate_backend`` each of *pids*."""
+    with engine.connect() as conn:
+        for pid in pids:
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
