@@ -75,17 +75,17 @@ class UsageError(Exception):
 
 
 def parse_duration(text: str) -> timedelta:
-    """``"30"``, ``"2.5"``, ``"500ms"``, ``"30s"``, ``"5m"``, ``"1h"`` -> timedelta.
+    """``"30"``, ``"2.5"``, ``"500ms"``, ``"30s"``, ``"5m"``, ``"1h"``, ``"7d"`` -> timedelta.
 
     Raises:
         ValueError: not a duration.
     """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*", text)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*", text)
     if match is None:
         raise ValueError(
-            f"invalid duration {text!r}: use seconds (30, 2.5) or a unit (500ms, 30s, 5m, 1h)"
+            f"invalid duration {text!r}: use seconds (30, 2.5) or a unit (500ms, 30s, 5m, 1h, 7d)"
         )
-    unit = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours"}
+    unit = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
     return timedelta(**{unit[match.group(2) or "s"]: float(match.group(1))})
 
 
@@ -447,9 +447,10 @@ def worker_main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def admin_main(argv: Sequence[str] | None = None) -> NoReturn:
-    """Entry point of ``sqlaq`` (operator commands; not implemented yet)."""
-    print("sqlaq: operator commands are not implemented yet", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
+    """Entry point of ``sqlaq``, the operator command (see :mod:`sqlaq.admin`)."""
+    from sqlaq import admin  # imported here: admin builds on this module's helpers
+
+    sys.exit(admin.run(sys.argv[1:] if argv is None else argv, os.environ))
 
 
 if __name__ == "__main__":

@@ -187,20 +187,6 @@ def test_help_names_the_variable_of_every_flag() -> None:
         assert f"(env: {variable};" in " ".join(result.stdout.split())
 
 
-def test_admin_command_is_a_stub_for_now() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", "from sqlaq.cli import admin_main; admin_main()"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 2
-    assert result.stderr.strip() == "sqlaq: operator commands are not implemented yet"
-
-
-# -- option resolution (no process) ----------------------------------------------------
-
-
 def test_flag_beats_variable_beats_default() -> None:
     environ = {
         "SQLAQ_DATABASE_URL": "postgresql://from-sqlaq-variable/db",
@@ -237,6 +223,7 @@ def test_durations_take_seconds_or_a_unit() -> None:
     assert parse_duration("500ms") == timedelta(milliseconds=500)
     assert parse_duration("5m") == timedelta(minutes=5)
     assert parse_duration("1h") == timedelta(hours=1)
+    assert parse_duration("7d") == timedelta(days=7)
     for bad in ("", "-1", "soon", "5 parsecs"):
         with pytest.raises(ValueError, match="invalid duration"):
             parse_duration(bad)

@@ -1,0 +1,454 @@
+"""The operator command ``sqlaq``: look at the queue and fix it, from a shell.
+
+Subcommands: ``migrate``, ``check``, ``stats``, ``list``, ``show``, ``retry``, ``cancel``,
+``prune``, ``enqueue``. Each takes ``--database-url`` (else ``SQLAQ_DATABASE_URL``, else
+``DATABASE_URL``). This module turns argv into calls of :mod:`sqlaq.ops` and
+:mod:`sqlaq.migrations` and prints the result; its statements come from
+:mod:`sqlaq.queries`. It does not read ``os.environ``: the entry point hands it the
+environment.
+
+Exit codes: 0 done; 1 ``check`` found the schema out of date, or ``show`` found no such
+job; 2 a usage error (bad flag, duration, JSON, unreachable database), printed as one
+line without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, NoReturn, TextIO
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy import exc as sa_exc
+
+from sqlaq import migrations, ops, queries
+from sqlaq.cli import UsageError, database_engine, one_line, parse_duration
+from sqlaq.errors import SchemaOutOfDateError, SqlaqError
+from sqlaq.schema import FINISHED_STATUSES, JobStatus
+
+#: Rows per statement in bulk retry, cancel and prune: short transactions, steady locks.
+BATCH_SIZE = 1000
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _status(text: str) -> JobStatus:
+    try:
+        return JobStatus(text)
+    except ValueError:
+        choices = ", ".join(s.value for s in JobStatus)
+        raise argparse.ArgumentTypeError(f"invalid status {text!r}: use {choices}") from None
+
+
+def _payload(text: str) -> dict[str, Any]:
+    def reject(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    try:
+        value = json.loads(text, parse_constant=reject)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"invalid JSON payload: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("the payload must be a JSON object, e.g. '{\"id\": 7}'")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sqlaq`` argument parser."""
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--database-url",
+        help="PostgreSQL URL (env: SQLAQ_DATABASE_URL, then DATABASE_URL)",
+    )
+    parser = _Parser(prog="sqlaq", description="Operate a sqlaq job queue.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("migrate", parents=[common], help="apply sqlaq's revisions (no Alembic)")
+    p.add_argument("--sql", action="store_true", help="print the DDL instead of running it")
+    sub.add_parser("check", parents=[common], help="exit 1 unless the schema is at sqlaq's head")
+
+    p = sub.add_parser("stats", parents=[common], help="counts, oldest due job, expired leases")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("list", parents=[common], help="list jobs, newest first")
+    _add_filters(p)
+    p.add_argument("--since", type=_duration, help="created within this long (30m, 2h, 7d)")
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p.add_argument("--json", action="store_true", help="print JSON lines")
+
+    p = sub.add_parser("show", parents=[common], help="one job, every column")
+    p.add_argument("id", type=int)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    for name, what in (("retry", "failed or cancelled"), ("cancel", "queued or running")):
+        p = sub.add_parser(name, parents=[common], help=f"{name} {what} jobs by id or filter")
+        p.add_argument("ids", type=int, nargs="*", help="job ids")
+        p.add_argument("--all", action="store_true", help=f"every {what} job matching filters")
+        p.add_argument("--kind", help="only this kind")
+        p.add_argument("--queue", help="only this queue")
+        if name == "retry":
+            p.add_argument("--failed", action="store_true", help="the failed jobs (bulk)")
+
+    p = sub.add_parser("prune", parents=[common], help="delete old finished jobs in batches")
+    p.add_argument("--done-older-than", type=_duration, default=timedelta(days=7))
+    p.add_argument("--cancelled-older-than", type=_duration, default=timedelta(days=7))
+    p.add_argument("--failed-older-than", type=_duration, default=timedelta(days=30))
+
+    p = sub.add_parser("enqueue", parents=[common], help="enqueue one job (for testing)")
+    p.add_argument("kind")
+    p.add_argument("--payload", type=_payload, default={}, help="a JSON object")
+    p.add_argument("--queue", default="default")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--delay", type=_duration, default=timedelta(0))
+    p.add_argument("--max-attempts", type=int, default=5)
+    p.add_argument("--dedupe-key")
+    return parser
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--status", type=_status, action="append", help="repeatable")
+    p.add_argument("--kind")
+    p.add_argument("--queue")
+
+
+def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = None) -> int:
+    """``sqlaq`` with explicit arguments and environment; returns the exit code."""
+    out = out or sys.stdout
+    try:
+        args = build_parser().parse_args(list(argv))
+        if args.command == "migrate" and args.sql:
+            out.write(migrations.upgrade_sql())
+            return 0
+        url = args.database_url or environ.get("SQLAQ_DATABASE_URL") or environ.get("DATABASE_URL")
+        if not url:
+            raise UsageError("no database URL: pass --database-url or set SQLAQ_DATABASE_URL")
+        engine = database_engine(url, application_name="sqlaq-admin")
+        try:
+            return _COMMANDS[args.command](engine, args, out)
+        finally:
+            engine.dispose()
+    except UsageError as exc:
+        print(f"sqlaq: {exc}", file=sys.stderr)
+        return 2
+    except SqlaqError as exc:
+        print(f"sqlaq: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except sa_exc.DBAPIError as exc:
+        cause = exc.orig if exc.orig is not None else exc
+        print(f"sqlaq: database error: {one_line(cause)}", file=sys.stderr)
+        return 2
+
+
+# -- commands --------------------------------------------------------------------------
+
+
+def _migrate(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    with engine.connect() as conn:
+        before = migrations.current_revision(conn)
+        conn.rollback()
+        migrations.upgrade(conn)
+        after = migrations.current_revision(conn)
+    print(f"sqlaq schema: {before or 'none'} -> {after}", file=out)
+    return 0
+
+
+def _check(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    with engine.connect() as conn:
+        try:
+            revision = migrations.check(conn)
+        except SchemaOutOfDateError as exc:
+            print(f"sqlaq: {exc}", file=sys.stderr)
+            return 1
+    print(f"sqlaq schema is at {revision} (head)", file=out)
+    return 0
+
+
+def _stats(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    with engine.connect() as conn:
+        counts = conn.execute(queries.stats_counts_stmt()).all()
+        health = conn.execute(queries.stats_health_stmt()).all()
+    if args.json:
+        data = {
+            "counts": [{"queue": q, "kind": k, "status": s, "count": n} for q, k, s, n in counts],
+            "queues": [
+                {
+                    "queue": h.queue,
+                    "due": h.due,
+                    "oldest_due_seconds": _seconds(h.oldest_due_age),
+                    "expired_leases": h.expired_leases,
+                    "failed_last_hour": h.failed_last_hour,
+                }
+                for h in health
+            ],
+        }
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    statuses = [s.value for s in JobStatus]
+    table: dict[tuple[str, str], dict[str, int]] = {}
+    for queue, kind, status, count in counts:
+        table.setdefault((queue, kind), {})[status] = count
+    rows = [[q, k, *(str(by.get(s, 0)) for s in statuses)] for (q, k), by in table.items()]
+    _print_table(out, ["queue", "kind", *statuses], rows)
+    print(file=out)
+    _print_table(
+        out,
+        ["queue", "due", "oldest due", "expired leases", "failed (1h)"],
+        [
+            [
+                h.queue,
+                str(h.due),
+                _age(h.oldest_due_age),
+                str(h.expired_leases),
+                str(h.failed_last_hour),
+            ]
+            for h in health
+        ],
+    )
+    return 0
+
+
+def _list(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    stmt = queries.find_jobs_stmt(
+        statuses=args.status or (),
+        kind=args.kind,
+        queue=args.queue,
+        since=args.since,
+        limit=args.limit,
+        newest_first=True,
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    if args.json:
+        for row in rows:
+            print(json.dumps(_jsonable(row._asdict())), file=out)
+        return 0
+    _print_table(
+        out,
+        ["id", "queue", "kind", "status", "attempts", "run_at", "last_error"],
+        [
+            [
+                str(r.id),
+                r.queue,
+                r.kind,
+                r.status,
+                f"{r.attempts}/{r.max_attempts}",
+                _time(r.run_at),
+                _first_line(r.last_error),
+            ]
+            for r in rows
+        ],
+    )
+    return 0
+
+
+def _show(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    with engine.connect() as conn:
+        row = conn.execute(queries.get_job_stmt(job_id=args.id)).first()
+    if row is None:
+        print(f"sqlaq: no job {args.id}", file=sys.stderr)
+        return 1
+    data = _jsonable(row._asdict())
+    if args.json:
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    width = max(len(k) for k in data)
+    for key, value in data.items():
+        shown = json.dumps(value) if key == "payload" else value
+        text = "\n".join(f"{'':{width + 2}}{line}" for line in str(shown).splitlines()[1:])
+        first = str(shown).splitlines()[0] if str(shown) else ""
+        print(f"{key:<{width}}  {first}" + (f"\n{text}" if text else ""), file=out)
+    return 0
+
+
+def _bulk_ids(
+    conn: Connection, args: argparse.Namespace, statuses: Iterable[JobStatus]
+) -> Iterator[list[int]]:
+    if args.ids:
+        for start in range(0, len(args.ids), BATCH_SIZE):
+            yield args.ids[start : start + BATCH_SIZE]
+        return
+    after = 0
+    while True:
+        stmt = queries.find_jobs_stmt(
+            statuses=list(statuses),
+            kind=args.kind,
+            queue=args.queue,
+            after_id=after,
+            limit=BATCH_SIZE,
+        )
+        ids = [row.id for row in conn.execute(stmt)]
+        if not ids:
+            return
+        yield ids
+        after = ids[-1]
+
+
+def _bulk(
+    engine: Engine,
+    args: argparse.Namespace,
+    out: TextIO,
+    statuses: set[JobStatus],
+    apply: Callable[[Connection, list[int]], list[int]],
+    verb: str,
+) -> int:
+    bulk = getattr(args, "all", False) or getattr(args, "failed", False)
+    if bool(args.ids) == bulk:
+        raise UsageError(f"{args.command}: give job ids, or --all with filters (not both)")
+    if args.ids and (args.kind or args.queue):
+        raise UsageError(f"{args.command}: --kind and --queue filter bulk runs, not ids")
+    done = seen = 0
+    progress = _Progress(verb)
+    with engine.connect() as conn:
+        for ids in _bulk_ids(conn, args, statuses):
+            seen += len(ids)
+            done += len(apply(conn, ids))
+            conn.commit()
+            progress.show(done)
+    progress.end()
+    print(f"{verb} {done} of {seen} job(s)", file=out)
+    return 0
+
+
+def _retry(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    statuses = {JobStatus.FAILED} if args.failed else {JobStatus.FAILED, JobStatus.CANCELLED}
+    return _bulk(engine, args, out, statuses, ops.retry, "retried")
+
+
+def _cancel(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    statuses = {JobStatus.QUEUED, JobStatus.RUNNING}
+    return _bulk(engine, args, out, statuses, ops.cancel, "cancelled")
+
+
+def _prune(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    ages = {
+        JobStatus.DONE: args.done_older_than,
+        JobStatus.CANCELLED: args.cancelled_older_than,
+        JobStatus.FAILED: args.failed_older_than,
+    }
+    total = 0
+    progress = _Progress("pruned")
+    with engine.connect() as conn:
+        for status in sorted(FINISHED_STATUSES):
+            while True:
+                deleted = ops.prune(
+                    conn, older_than=ages[status], statuses=[status], limit=BATCH_SIZE
+                )
+                conn.commit()
+                total += deleted
+                progress.show(total)
+                if deleted < BATCH_SIZE:
+                    break
+    progress.end()
+    print(f"pruned {total} job(s)", file=out)
+    return 0
+
+
+def _enqueue(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    with engine.begin() as conn:
+        result = ops.enqueue(
+            conn,
+            args.kind,
+            args.payload,
+            queue=args.queue,
+            priority=args.priority,
+            delay=args.delay,
+            max_attempts=args.max_attempts,
+            dedupe_key=args.dedupe_key,
+        )
+    note = " (duplicate of a pending job)" if result.duplicate else ""
+    print(f"job {result.job_id}{note}", file=out)
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
+    "migrate": _migrate,
+    "check": _check,
+    "stats": _stats,
+    "list": _list,
+    "show": _show,
+    "retry": _retry,
+    "cancel": _cancel,
+    "prune": _prune,
+    "enqueue": _enqueue,
+}
+
+
+# -- output ----------------------------------------------------------------------------
+
+
+class _Progress:
+    """A one-line counter on stderr, redrawn in place; only when stderr is a terminal."""
+
+    def __init__(self, verb: str) -> None:
+        self.verb = verb
+        self.active = sys.stderr.isatty()
+        self.shown = False
+
+    def show(self, count: int) -> None:
+        if self.active:
+            sys.stderr.write(f"\r{self.verb} {count:,} job(s)...")
+            sys.stderr.flush()
+            self.shown = True
+
+    def end(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+
+
+def _print_table(out: TextIO, header: list[str], rows: list[list[str]]) -> None:
+    if not rows:
+        print("(none)", file=out)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in (header, *rows):
+        print(
+            "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip(),
+            file=out,
+        )
+
+
+def _seconds(age: timedelta | None) -> float | None:
+    return None if age is None else round(age.total_seconds(), 3)
+
+
+def _age(age: timedelta | None) -> str:
+    if age is None:
+        return "-"
+    seconds = age.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
+
+
+def _time(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat(sep=" ", timespec="seconds")
+
+
+def _first_line(text: str | None, width: int = 60) -> str:
+    line = (text or "").splitlines()[0] if text else ""
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        key: value.isoformat()
+        if isinstance(value, datetime)
+        else str(value)
+        if value is not None and not isinstance(value, int | str | dict | list)
+        else value
+        for key, value in row.items()
+    }
