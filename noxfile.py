@@ -28,5 +28,5 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def types(session: nox.Session) -> None:
     """mypy --strict over the package."""
-    session.install("-e", ".", "mypy")
+    session.install("-e", ".[prometheus]", "mypy")
     session.run("mypy")

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy import exc as sa_exc
@@ -44,6 +44,9 @@ from sqlaq.errors import ConfigError, SchemaOutOfDateError
 from sqlaq.logformat import configure_logging
 from sqlaq.registry import Registry
 from sqlaq.worker import WORKER_APPLICATION_NAME, Worker
+
+if TYPE_CHECKING:
+    from sqlaq.metrics import WorkerMetrics
 
 __all__ = [
     "UsageError",
@@ -179,6 +182,9 @@ _OPTIONS = (
             parse_bool, False, kind="bool"),
     _Option("--listen", "SQLAQ_LISTEN", "wake on NOTIFY (--no-listen: poll only)",
             parse_bool, True, kind="bool"),
+    _Option("--metrics-port", "SQLAQ_METRICS_PORT", "serve Prometheus /metrics on this "
+            "port (needs sqlaq[prometheus]); 0: off",
+            _parse_int, 0, metavar="PORT"),
     _Option("--log-level", "SQLAQ_LOG_LEVEL", "log threshold",
             _parse_choice(LOG_LEVELS), "info", metavar="|".join(LOG_LEVELS)),
     _Option("--log-format", "SQLAQ_LOG_FORMAT", "log line format",
@@ -241,6 +247,7 @@ class WorkerOptions:
     config: WorkerConfig
     log_level: str
     log_format: str
+    metrics_port: int = 0
 
 
 def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> WorkerOptions:
@@ -265,7 +272,12 @@ def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Wor
         config = WorkerConfig(**{name: values[name] for name in names})
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    return WorkerOptions(values["app"], url, config, values["log_level"], values["log_format"])
+    port = values["metrics_port"]
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--metrics-port must be between 0 and 65535, got {port}")
+    return WorkerOptions(
+        values["app"], url, config, values["log_level"], values["log_format"], port
+    )
 
 
 def _resolve(option: _Option, flag_value: Any, environ: Mapping[str, str]) -> Any:
@@ -428,9 +440,20 @@ def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
         )
         try:
             check_database(engine)
-            worker = Worker(engine, registry, options.config)
-            with _signals_stop(worker) as received:
-                _run_in_thread(worker)
+            metrics = _start_metrics(engine, options.metrics_port)
+            worker = Worker(
+                engine,
+                registry,
+                options.config,
+                on_job_started=metrics.job_started if metrics else None,
+                on_job_finished=metrics.job_finished if metrics else None,
+            )
+            try:
+                with _signals_stop(worker) as received:
+                    _run_in_thread(worker)
+            finally:
+                if metrics is not None:
+                    metrics.close()
         finally:
             engine.dispose()
     except (UsageError, ConfigError) as exc:
@@ -439,6 +462,20 @@ def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
     except KeyboardInterrupt:  # before the worker's own handlers were in place
         return EXIT_INTERRUPTED
     return EXIT_FORCED if len(received) > 1 else EXIT_OK
+
+
+def _start_metrics(engine: Engine, port: int) -> WorkerMetrics | None:
+    if not port:
+        return None
+    from sqlaq.metrics import WorkerMetrics  # only with the prometheus extra
+
+    metrics = WorkerMetrics(engine)
+    try:
+        metrics.serve(port)
+    except OSError as exc:
+        raise UsageError(f"cannot serve metrics on port {port}: {one_line(exc)}") from None
+    _log.info("serving metrics", extra={"port": port})
+    return metrics
 
 
 def worker_main(argv: Sequence[str] | None = None) -> NoReturn:

@@ -66,6 +66,8 @@ class Worker:
             override *config*'s.
         on_job_finished: Called with a :class:`JobResult` after each outcome is written
             (or found lost), in the thread running :meth:`run`; keep it quick.
+        on_job_started: Called with each :class:`~sqlaq.ClaimedJob` as it is handed to
+            its handler, in the thread running :meth:`run`; keep it quick.
 
     Attributes:
         worker_id: This worker's id, written to ``locked_by`` of the jobs it claims.
@@ -84,6 +86,7 @@ class Worker:
         config: WorkerConfig | None = None,
         *,
         on_job_finished: Callable[[JobResult], None] | None = None,
+        on_job_started: Callable[[ops.ClaimedJob], None] | None = None,
         **options: Any,
     ) -> None:
         if options or config is None:
@@ -96,6 +99,7 @@ class Worker:
         self._engine = engine
         self._registry = registry
         self._on_job_finished = on_job_finished
+        self._on_job_started = on_job_started
         self._wake = threading.Event()  # an outcome, a notification, a stop
         self._stopping = threading.Event()
         self._interrupt = threading.Event()  # cuts a database backoff short
@@ -244,6 +248,11 @@ class Worker:
             self._held[job.id] = run
             if log:
                 _log.info("job started", extra=run.log_extra())
+            if self._on_job_started is not None:
+                try:
+                    self._on_job_started(job)
+                except Exception:
+                    _log.exception("on_job_started callback raised")
             if handler is None:
                 kinds = ", ".join(map(repr, self._registry.kinds)) or "none"
                 run.error = f"no handler for kind {job.kind!r} in this worker (it has: {kinds})"

@@ -1,0 +1,87 @@
+"""Prometheus metrics: the series a worker exposes, in process and on sqlaq-worker."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import urllib.request
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from sqlalchemy import Engine
+from workerkit import wait_until, worker_processes
+
+import sqlaq
+from sqlaq.metrics import WorkerMetrics
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_worker_metrics_count_starts_outcomes_durations_and_queue_depth(
+    committed: Engine,
+) -> None:
+    registry = sqlaq.Registry()
+
+    @registry.handler("ok")
+    def ok(payload: dict[str, Any]) -> None:
+        pass
+
+    @registry.handler("boom")
+    def boom(payload: dict[str, Any]) -> None:
+        raise RuntimeError("boom")
+
+    with committed.begin() as conn:
+        for _ in range(3):
+            sqlaq.enqueue(conn, "ok")
+        sqlaq.enqueue(conn, "boom", max_attempts=1)
+        sqlaq.enqueue(conn, "boom", queue="elsewhere", max_attempts=2)
+    metrics = WorkerMetrics(committed)
+    worker = sqlaq.Worker(
+        committed,
+        registry,
+        burst=True,
+        on_job_started=metrics.job_started,
+        on_job_finished=metrics.job_finished,
+    )
+    worker.run()
+    with committed.begin() as conn:
+        sqlaq.enqueue(conn, "ok")
+        sqlaq.enqueue(conn, "ok", queue="elsewhere")
+
+    text = generate_latest(metrics.registry).decode()
+    assert 'sqlaq_jobs_started_total{kind="ok",queue="default"} 3.0' in text
+    assert 'sqlaq_jobs_started_total{kind="boom",queue="default"} 1.0' in text
+    assert 'sqlaq_jobs_finished_total{kind="ok",outcome="done",queue="default"} 3.0' in text
+    assert 'sqlaq_jobs_finished_total{kind="boom",outcome="failed",queue="default"} 1.0' in text
+    assert 'sqlaq_job_duration_seconds_count{kind="ok",queue="default"} 3.0' in text
+    # The worker served only "default"; the depth is read from the table at scrape time.
+    assert 'sqlaq_queue_depth{queue="default"} 1.0' in text
+    assert 'sqlaq_queue_depth{queue="elsewhere"} 2.0' in text
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
+def test_sqlaq_worker_serves_metrics_on_its_port(committed: Engine, database_url: str) -> None:
+    port = _free_port()
+    with worker_processes(database_url) as start:
+        worker = start("--metrics-port", str(port))
+        wait_until(lambda: _scrape(port), 20, "the metrics endpoint")
+        with committed.begin() as conn:
+            sqlaq.enqueue(conn, "noop")
+        finished = 'sqlaq_jobs_finished_total{kind="noop",outcome="done",queue="default"} 1.0'
+        wait_until(lambda: finished in _scrape(port), 20, "the finished counter")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(20) == 0
