@@ -11,9 +11,9 @@ It uses SQLAQ_DATABASE_URL if set, else creates (once) a database called
 from __future__ import annotations
 
 import os
-import uuid
+from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
 import sqlaq
@@ -38,6 +38,15 @@ def database_url() -> str:
     return DEFAULT_URL
 
 
+registry = sqlaq.Registry()
+
+
+@registry.handler("send_welcome_email")
+def send_welcome_email(payload: dict[str, Any]) -> None:
+    job = sqlaq.current_job()
+    print(f"job {job.id}: sending a welcome email to user {payload['user_id']}")
+
+
 def main() -> None:
     engine = create_engine(database_url())
 
@@ -51,19 +60,13 @@ def main() -> None:
         job = sqlaq.enqueue(conn, "send_welcome_email", {"user_id": 42})
     print(f"enqueued job {job.job_id}")
 
-    # 3. Claim, run and complete it (this is what `sqlaq-worker` does for you).
-    worker_id = uuid.uuid4()
-    with engine.begin() as conn:
-        claimed = sqlaq.claim(conn, worker_id=worker_id, limit=10)
-    for item in claimed:
-        print(f"running {item.kind}({item.payload}) attempt {item.attempt}")
-        with engine.begin() as conn:
-            sqlaq.complete(conn, item.lease)
+    # 3. Run what is due, then return (`sqlaq-worker examples.quickstart:registry --burst`
+    #    does the same from the shell).
+    sqlaq.Worker(engine, registry, burst=True).run()
+
     with engine.connect() as conn:
         status = conn.execute(
-            sqlaq.jobs.select()
-            .with_only_columns(sqlaq.jobs.c.status)
-            .where(sqlaq.jobs.c.id == job.job_id)
+            select(sqlaq.jobs.c.status).where(sqlaq.jobs.c.id == job.job_id)
         ).scalar_one()
     print(f"job {job.job_id} is {status}")
     engine.dispose()
