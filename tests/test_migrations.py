@@ -221,6 +221,8 @@ def test_head_revision_is_the_sqlaq_head_of_alembic_ini() -> None:
     assert sqlaq.migrations.head_revision() == head.revision
     assert head.revision in script.get_heads()
     assert first.branch_labels == {sqlaq.migrations.BRANCH}
+    standalone = ScriptDirectory.from_config(sqlaq.migrations.standalone_config())
+    assert standalone.get_current_head() == sqlaq.migrations.HEAD
 
 
 # -- head against sqlaq.metadata --------------------------------------------------------

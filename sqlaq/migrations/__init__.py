@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 
 from sqlaq.errors import SchemaOutOfDateError
@@ -38,8 +35,14 @@ from sqlaq.schema import (
     VERSION_TABLE,
 )
 
+if TYPE_CHECKING:
+    # Alembic is imported only where revisions are applied: `import sqlaq` (and a
+    # worker's start-up, which only reads the schema's revision) does without it.
+    from alembic.config import Config
+
 __all__ = [
     "BRANCH",
+    "HEAD",
     "SCRIPT_LOCATION",
     "VERSION_LOCATION",
     "check",
@@ -52,6 +55,9 @@ __all__ = [
     "upgrade_sql",
 ]
 
+#: The newest shipped revision: what this sqlaq needs. A test pins it to the head of the
+#: revision files, so it cannot drift from them.
+HEAD = "sqlaq_0001"
 #: The branch label of sqlaq's revisions: ``alembic downgrade sqlaq@base``.
 BRANCH = "sqlaq"
 #: For a host's ``version_locations`` (needs ``path_separator = space`` or similar).
@@ -78,6 +84,8 @@ def include_name(name: str | None, type_: str, parent_names: Mapping[str, Any]) 
 
 def standalone_config(url: str | None = None, *, connection: Connection | None = None) -> Config:
     """An Alembic Config for the standalone path, on *connection* or *url*."""
+    from alembic.config import Config
+
     cfg = Config(stdout=io.StringIO())
     cfg.set_main_option("script_location", SCRIPT_LOCATION)
     cfg.set_main_option("path_separator", "space")
@@ -89,12 +97,8 @@ def standalone_config(url: str | None = None, *, connection: Connection | None =
 
 
 def head_revision() -> str:
-    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0001"``."""
-    script = ScriptDirectory.from_config(standalone_config())
-    head = script.get_current_head()
-    if head is None:  # pragma: no cover - the package always ships revisions
-        raise RuntimeError("sqlaq ships no revisions")
-    return head
+    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0001"`` (:data:`HEAD`)."""
+    return HEAD
 
 
 def upgrade(connection: Connection, revision: str = "heads") -> None:
@@ -104,11 +108,15 @@ def upgrade(connection: Connection, revision: str = "heads") -> None:
     applied. On a connection already in a transaction (any earlier statement autobegins
     one), the DDL runs inside it and nothing is committed: the caller decides.
     """
+    from alembic import command
+
     command.upgrade(standalone_config(connection=connection), revision)
 
 
 def downgrade(connection: Connection, revision: str = "base") -> None:
     """Revert sqlaq's revisions on *connection* (standalone path)."""
+    from alembic import command
+
     command.downgrade(standalone_config(connection=connection), revision)
 
 
@@ -117,6 +125,8 @@ def upgrade_sql(revision: str = "heads") -> str:
     buffer = io.StringIO()
     cfg = standalone_config("postgresql://")
     cfg.output_buffer = buffer  # offline DDL goes here (sys.stdout when unset)
+    from alembic import command
+
     command.upgrade(cfg, revision, sql=True)
     return buffer.getvalue()
 
