@@ -1,0 +1,617 @@
+"""Every code sample in README.md runs here, one test case per fenced block.
+
+How each kind of block is checked:
+
+* ```` ```python ````: executed for real against the test database. A fragment that
+  assumes names (``engine``, ``orders``, ``registry``, ``mailer``...) is preceded in the
+  README by a marker naming the prelude that provides them::
+
+      <!-- docs-test: prelude=host -->
+
+  A prelude (below, in ``PRELUDES``) is a context manager: it sets up real tables and
+  small recording stubs, yields the namespace the sample runs in, then checks what the
+  sample did (a handler ran, a row was written) and cleans up. A block that cannot run
+  at all is marked ``<!-- docs-test: skip reason="..." -->``: every dotted name it takes
+  from a module it imports must exist (``sqlaq.migrations.include_name``), then its case
+  is skipped with the reason.
+* ```` ```sh ````: every command is checked by its program. ``sqlaq`` and
+  ``sqlaq-worker`` lines go through the real argument parsers, so a renamed flag fails;
+  the read-only ``sqlaq`` subcommands also run against the test database. ``alembic``
+  lines go through Alembic's own parser. The set-up lines are not run (they install
+  packages): the test command must appear verbatim in ``.ci/run``, and the quickstart
+  script runs against a fresh database.
+* ```` ```ini ````: parsed; the ``[alembic]`` section must hold the settings that make
+  sqlaq's branch visible, and Alembic, given them, must find sqlaq's head revision.
+* Blocks with no language (a diagram, sample output) are not run: their cases are
+  skipped with the reason, so ``pytest -ra`` lists them.
+
+A python, sh or ini block (or a command) that no rule covers fails its case, so a new
+sample cannot go untested by accident.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import configparser
+import importlib
+import inspect
+import io
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from alembic.config import CommandLine, Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, String, create_engine, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+import sqlaq
+from sqlaq import Job, admin, cli
+from sqlaq.testing import drain
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+# -- the README's blocks -------------------------------------------------------------
+
+_FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
+_MARKER = re.compile(r"^\s*<!--\s*docs-test:(?P<options>.*?)-->\s*$")
+_HEADING = re.compile(r"^#{1,6}\s+(?P<title>.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of the README."""
+
+    index: int
+    line: int  # of the opening fence, 1-based
+    heading: str
+    lang: str
+    code: str  # dedented to the fence's indentation
+    options: dict[str, str] = field(default_factory=dict)  # from its docs-test marker
+
+    @property
+    def id(self) -> str:
+        slug = re.sub(r"[^a-z0-9]+", "-", self.heading.lower()).strip("-")
+        return f"{self.index:02d}-{slug}-{self.lang or 'text'}"
+
+    @property
+    def where(self) -> str:
+        return f"README.md:{self.line} ({self.lang or 'no language'} block under {self.heading!r})"
+
+
+@dataclass
+class Readme:
+    blocks: list[Block]
+    stray_markers: list[int]  # lines of markers not followed by a block
+
+
+def _marker_options(text: str) -> dict[str, str]:
+    options = {}
+    for token in shlex.split(text):
+        key, _, value = token.partition("=")
+        options[key] = value
+    return options
+
+
+def parse_readme(source: str) -> Readme:
+    """The fenced blocks, each with its heading and the marker just before it."""
+    blocks: list[Block] = []
+    stray: list[int] = []
+    heading = "(top)"
+    marker: tuple[int, dict[str, str]] | None = None
+    lines = source.splitlines()
+    number = 0
+    while number < len(lines):
+        line = lines[number]
+        number += 1
+        fence = _FENCE.match(line)
+        if fence:
+            indent = len(fence["indent"])
+            start = number
+            body: list[str] = []
+            while number < len(lines) and lines[number].strip() != "```":
+                text_line = lines[number]
+                body.append(text_line[indent:] if text_line[:indent] == " " * indent else "")
+                number += 1
+            number += 1  # the closing fence
+            options = marker[1] if marker else {}
+            marker = None
+            code = "\n".join(body) + "\n"
+            blocks.append(Block(len(blocks), start, heading, fence["lang"], code, options))
+        elif match := _MARKER.match(line):
+            if marker:
+                stray.append(marker[0])
+            marker = (number, _marker_options(match["options"]))
+        elif line.strip():
+            if marker:
+                stray.append(marker[0])
+                marker = None
+            if title := _HEADING.match(line):
+                heading = title["title"]
+    if marker:
+        stray.append(marker[0])
+    return Readme(blocks, stray)
+
+
+README_DOC = parse_readme(README.read_text(encoding="utf-8"))
+BLOCKS = README_DOC.blocks
+
+
+# -- preludes for python blocks ------------------------------------------------------
+
+Prelude = Callable[..., AbstractContextManager[dict[str, Any]]]
+PRELUDES: dict[str, Prelude] = {}
+
+
+def prelude(name: str) -> Callable[[Callable[..., Iterator[dict[str, Any]]]], Prelude]:
+    """Register a prelude: a generator taking fixtures by name, yielding the namespace a
+    sample runs in, then checking what the sample did."""
+
+    def register(func: Callable[..., Iterator[dict[str, Any]]]) -> Prelude:
+        PRELUDES[name] = contextmanager(func)
+        return PRELUDES[name]
+
+    return register
+
+
+@pytest.fixture
+def clean_conn(committed: Engine) -> Iterator[Connection]:
+    """A connection in a transaction rolled back after the test, on an empty queue, so a
+    sample that drains the queue sees its own jobs only."""
+    with committed.connect() as connection:
+        transaction = connection.begin()
+        try:
+            yield connection
+        finally:
+            transaction.rollback()
+
+
+class HostBase(DeclarativeBase):
+    """A host application's declarative base, with a MetaData of its own."""
+
+
+class Order(HostBase):
+    __tablename__ = "orders"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    item: Mapped[str] = mapped_column(String(50))
+
+
+def _jobs(conn: Connection) -> list[Any]:
+    columns = sqlaq.jobs.c
+    stmt = select(columns.kind, columns.payload, columns.status).order_by(columns.id)
+    return list(conn.execute(stmt).all())
+
+
+@prelude("host")
+def host_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database, and a host's ``orders`` table (Core) and its
+    ``Order`` model (ORM), created for the sample and dropped after."""
+    orders = Order.__table__
+    HostBase.metadata.create_all(committed, checkfirst=False)
+    try:
+        yield {"engine": committed, "orders": orders, "Order": Order, "Session": Session}
+        with committed.connect() as conn:
+            stored = conn.execute(select(orders.c.id, orders.c.item).order_by(orders.c.id))
+            assert [tuple(row) for row in stored] == [(7, "book"), (8, "pen")]
+            assert [tuple(row) for row in _jobs(conn)] == [
+                ("ship_order", {"order_id": 7}, "queued"),
+                ("ship_order", {"order_id": 8}, "queued"),
+            ]
+    finally:
+        HostBase.metadata.drop_all(committed)
+
+
+class Mailer:
+    """Records what it was asked to send."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, str]] = []
+
+    def send(self, to: str, subject: str, *, idempotency_key: str) -> None:
+        self.sent.append((to, subject, idempotency_key))
+
+
+class Billing:
+    """Records pushed invoices; raises the error set for an invoice instead."""
+
+    def __init__(self, errors: dict[str, Exception]) -> None:
+        self.errors = errors
+        self.pushed: list[str] = []
+
+    async def push(self, invoice_id: str) -> None:
+        if invoice_id in self.errors:
+            raise self.errors[invoice_id]
+        self.pushed.append(invoice_id)
+
+
+def load_user(user_id: int) -> SimpleNamespace:
+    return SimpleNamespace(id=user_id, email=f"user{user_id}@example.com")
+
+
+@prelude("handlers")
+def handlers_prelude(
+    clean_conn: Connection, caplog: pytest.LogCaptureFixture
+) -> Iterator[dict[str, Any]]:
+    """``load_user``, a recording ``mailer`` and ``billing``, and ``log``; then the
+    sample's registry runs one job of each kind, plus sync_invoice jobs whose push
+    fails with a retryable and a non-retryable error."""
+    mailer = Mailer()
+    billing = Billing({"INV-2": OSError("billing is down"), "INV-3": ValueError("no such id")})
+    caplog.set_level(logging.INFO, logger="myapp.jobs")
+    namespace = {
+        "__name__": "myapp.jobs",
+        "load_user": load_user,
+        "mailer": mailer,
+        "billing": billing,
+        "log": logging.getLogger("myapp.jobs"),
+    }
+    yield namespace
+
+    registry: sqlaq.Registry = namespace["registry"]
+    welcome = registry.enqueue(clean_conn, "send_welcome_email", {"user_id": 42}).job_id
+    ok, down, bad = (
+        registry.enqueue(clean_conn, "sync_invoice", {"invoice_id": invoice}).job_id
+        for invoice in ("INV-1", "INV-2", "INV-3")
+    )
+    results = {result.id: result for result in drain(clean_conn, registry)}
+
+    assert results[welcome].status == "done", results[welcome].error
+    assert mailer.sent == [("user42@example.com", "Welcome!", "welcome-42")]
+    assert results[ok].status == "done", results[ok].error
+    assert billing.pushed == ["INV-1"]
+    # max_attempts=10 of the handler is the default registry.enqueue gives the job.
+    assert "syncing invoice INV-1 (attempt 1 of 10)" in caplog.messages
+    # retry=IOError: an OSError retries, after wait_exponential(multiplier=5)'s 5 s ...
+    assert results[down].status == "queued"
+    retry_in = clean_conn.execute(
+        text("SELECT run_at - now() FROM sqlaq_jobs WHERE id = :id"), {"id": down}
+    ).scalar_one()
+    assert retry_in == timedelta(seconds=5)
+    # ... and anything else fails at once.
+    assert results[bad].status == "failed"
+
+
+@prelude("embedded-worker")
+def embedded_worker_prelude(
+    committed: Engine, capsys: pytest.CaptureFixture[str]
+) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database and a ``registry`` whose handler records its
+    payloads; one job is committed before the sample starts its worker."""
+    ran: list[dict[str, Any]] = []
+    registry = sqlaq.Registry()
+    registry.add("send_welcome_email", ran.append)
+    with committed.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "send_welcome_email", {"user_id": 42}).job_id
+    namespace: dict[str, Any] = {"engine": committed, "registry": registry}
+    try:
+        yield namespace
+    finally:  # a sample that failed half-way must not leave its worker running
+        if "worker" in namespace:
+            namespace["worker"].stop(now=True)
+        if "thread" in namespace:
+            namespace["thread"].join(10)
+    assert not namespace["thread"].is_alive()
+    assert ran == [{"user_id": 42}]
+    assert f"{job_id} done" in capsys.readouterr().out.splitlines()
+    with committed.connect() as conn:
+        assert [tuple(row) for row in _jobs(conn)] == [
+            ("send_welcome_email", {"user_id": 42}, "done")
+        ]
+
+
+@prelude("pytest-session")
+def pytest_session_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
+    """``signup`` (the application code under test, which enqueues), a ``registry``
+    handling its job, and ``session``, the test's Session; then every ``test_*``
+    function the sample defines is called, with its arguments taken from the
+    namespace as pytest would take fixtures."""
+    welcomed: list[dict[str, Any]] = []
+    registry = sqlaq.Registry()
+    registry.add("send_welcome_email", welcomed.append)
+
+    def signup(session: Session, *, email: str) -> None:
+        sqlaq.enqueue(session, "send_welcome_email", {"email": email, "template": "welcome"})
+
+    with Session(bind=clean_conn) as session:
+        namespace = {"signup": signup, "registry": registry, "session": session}
+        yield namespace
+        tests = [f for name, f in namespace.items() if name.startswith("test_")]
+        assert tests, "the sample defines no test function"
+        for test in tests:
+            test(**{name: namespace[name] for name in inspect.signature(test).parameters})
+    assert welcomed == [{"email": "ada@example.com", "template": "welcome"}]
+
+
+def _imported_names(code: str) -> tuple[list[str], list[str]]:
+    """The dotted names *code* takes from the modules it imports: (found, missing)."""
+    tree = ast.parse(code)
+    modules: dict[str, str] = {}  # bound name -> module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                modules[bound] = alias.name if alias.asname else bound
+    found: list[str] = []
+    missing: list[str] = []
+    for node in ast.walk(tree):
+        dotted = ast.unparse(node) if isinstance(node, ast.Attribute) else ""
+        root, _, rest = dotted.partition(".")
+        if root in modules and re.fullmatch(r"[\w.]+", dotted):
+            name = f"{modules[root]}.{rest}"
+            (found if _resolves(name) else missing).append(name)
+    return found, missing
+
+
+def _resolves(dotted: str) -> bool:
+    names = dotted.split(".")
+    target: Any = importlib.import_module(names[0])
+    for index, name in enumerate(names[1:], start=1):
+        if not hasattr(target, name):
+            try:
+                importlib.import_module(".".join(names[: index + 1]))
+            except ImportError:
+                return False
+        target = getattr(target, name)
+    return True
+
+
+def _python(block: Block, request: pytest.FixtureRequest) -> None:
+    if "skip" in block.options:
+        found, missing = _imported_names(block.code)
+        assert found, f"{block.where}: skipped, and uses no name that could be checked"
+        assert not missing, f"{block.where} uses names that do not exist: {missing}"
+        # Listed by `pytest -ra` with the blocks that have no language.
+        pytest.skip(
+            f"{block.where} not run ({block.options['reason']}); "
+            f"the names it uses exist: {', '.join(sorted(set(found)))}"
+        )
+    factory = PRELUDES[block.options["prelude"]]
+    fixtures = {
+        name: request.getfixturevalue(name) for name in inspect.signature(factory).parameters
+    }
+    # Blank lines in front: a traceback names the README's own line numbers.
+    code = compile("\n" * block.line + block.code, str(README), "exec")
+    with factory(**fixtures) as namespace:
+        # exec (S102) is the point: the README's sample runs as written.
+        exec(code, namespace)  # noqa: S102
+
+
+# -- sh blocks ---------------------------------------------------------------------
+
+#: ``sqlaq`` subcommands that only read; each runs against the test database and must
+#: print a line matching this (the data comes from the ``failed_emails`` fixture).
+ADMIN_READ_ONLY = {
+    "stats": r"^default +send_email +0 +0 +0 +2 +0$",  # queued running done failed cancelled
+    "list": r"^1235 +default +send_email +failed +1/1 ",
+    "show": r'^payload +\{"user_id": 7\}$',
+    "check": rf"^sqlaq schema is at {sqlaq.migrations.HEAD} \(head\)$",
+}
+
+
+@pytest.fixture
+def failed_emails(committed: Engine) -> Engine:
+    """Jobs 1234 and 1235, send_email, failed a moment ago: what the README's ``sqlaq``
+    lines look at."""
+    with Session(committed) as session:
+        for job_id, user_id in ((1234, 7), (1235, 8)):
+            payload = {"user_id": user_id}
+            session.add(Job(id=job_id, kind="send_email", payload=payload, max_attempts=1))
+        session.commit()
+    with committed.begin() as conn:
+        for job in sqlaq.claim(conn, worker_id=uuid.uuid4(), limit=2):
+            sqlaq.fail(conn, job.lease, "TimeoutError: the mail server did not answer")
+    return committed
+
+
+@pytest.fixture
+def fresh_database_url(server_url: str) -> Iterator[str]:
+    """An empty database of its own, dropped after the test."""
+    name = f"sqlaq_docs_{uuid.uuid4().hex[:12]}"
+    server = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with server.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with server.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        server.dispose()
+
+
+def exact(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """*parser*, and its subcommands' parsers, without abbreviated flags: argparse would
+    take a README's ``--since`` for a flag renamed ``--since-time``."""
+    parser.allow_abbrev = False
+    # argparse has no public way to reach the subcommands' parsers; _actions and
+    # _SubParsersAction have been stable since Python 3.2.
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                exact(subparser)
+    return parser
+
+
+def _check_sqlaq(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    args = exact(admin.build_parser()).parse_args(argv[1:])  # UsageError on a bad flag
+    if args.command not in ADMIN_READ_ONLY:
+        return  # it writes: parsed, not run
+    request.getfixturevalue("failed_emails")
+    environ = {"SQLAQ_DATABASE_URL": request.getfixturevalue("database_url")}
+    out = io.StringIO()
+    assert admin.run(argv[1:], environ, out=out) == 0, line
+    assert re.search(ADMIN_READ_ONLY[args.command], out.getvalue(), re.MULTILINE), out.getvalue()
+
+
+def _check_sqlaq_worker(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    exact(cli.build_parser()).parse_args(argv[1:])  # UsageError on a bad flag
+    # Values are validated too (durations, queues, ranges); the URL may come from the
+    # environment, as the README says.
+    cli.parse_options(argv[1:], {"SQLAQ_DATABASE_URL": "postgresql://docs@localhost/docs"})
+
+
+def _check_alembic(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    try:
+        exact(CommandLine(prog="alembic").parser).parse_args(argv[1:])
+    except SystemExit:
+        pytest.fail(f"alembic rejects {line!r} (its message is above)")
+
+
+def _check_in_ci(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert line in (ci_line.strip() for ci_line in ci), f"{line!r} is not a line of .ci/run"
+    noxfile = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
+    sessions = {node.name for node in noxfile.body if isinstance(node, ast.FunctionDef)}
+    assert argv[argv.index("-s") + 1] in sessions
+
+
+def _check_quickstart(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    script = ROOT / argv[1]
+    assert script.is_file()
+    url = request.getfixturevalue("fresh_database_url")
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env={**os.environ, "SQLAQ_DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^job \d+ is done$", run.stdout, re.MULTILINE), run.stdout
+
+
+def _not_run(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    """Installs packages into the running environment: not run by a test."""
+
+
+ShCheck = Callable[[list[str], str, pytest.FixtureRequest], None]
+
+
+def sh_rule(argv: list[str]) -> ShCheck | None:
+    """How a command of a sh block is checked, or None if no rule covers it."""
+    match argv:
+        case ["sqlaq", *_]:
+            return _check_sqlaq
+        case ["sqlaq-worker", *_]:
+            return _check_sqlaq_worker
+        case ["alembic", *_]:
+            return _check_alembic
+        case ["python3", "-m", "pip", "install", *_]:
+            return _not_run
+        case ["python3", "-m", "nox", "-s", *_]:
+            return _check_in_ci
+        case ["python3", "examples/quickstart.py"]:
+            return _check_quickstart
+    return None
+
+
+def sh_commands(code: str) -> Iterator[tuple[list[str], str]]:
+    """Each command of a sh block, with the line it is on (``\\`` continuations joined,
+    comments dropped, ``&&`` splitting a line into commands)."""
+    for line in code.replace("\\\n", " ").splitlines():
+        tokens = shlex.split(line, comments=True)
+        while tokens:
+            end = tokens.index("&&") if "&&" in tokens else len(tokens)
+            yield tokens[:end], line.strip()
+            tokens = tokens[end + 1 :]
+
+
+def _sh(block: Block, request: pytest.FixtureRequest) -> None:
+    commands = list(sh_commands(block.code))
+    assert commands, f"{block.where} holds no command"
+    for argv, line in commands:
+        check = sh_rule(argv)
+        if check is None:
+            pytest.fail(f"{block.where}: no rule checks {line!r}; add one to sh_rule")
+        check(argv, line, request)
+
+
+# -- ini blocks --------------------------------------------------------------------
+
+
+def _alembic_section(code: str) -> configparser.SectionProxy | None:
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(code)
+    return parser["alembic"] if parser.has_section("alembic") else None
+
+
+def _ini(block: Block, request: pytest.FixtureRequest) -> None:
+    section = _alembic_section(block.code)
+    if section is None:
+        pytest.fail(f"{block.where}: no rule checks an ini block without [alembic]")
+    assert section["path_separator"] == "space"
+    assert sqlaq.migrations.VERSION_LOCATION in section["version_locations"].split()
+    # "This repository's own alembic.ini [is] written exactly that way."
+    own = _alembic_section((ROOT / "alembic.ini").read_text(encoding="utf-8"))
+    assert own is not None
+    for key in ("path_separator", "version_locations"):
+        assert own[key] == section[key], key
+    # Given these settings, Alembic finds sqlaq's branch beside a host's own revisions.
+    host = request.getfixturevalue("tmp_path")
+    (host / "alembic" / "versions").mkdir(parents=True)
+    (host / "alembic.ini").write_text(block.code, encoding="utf-8")
+    config = Config(str(host / "alembic.ini"))
+    config.set_main_option("script_location", str(host / "alembic"))
+    assert ScriptDirectory.from_config(config).get_heads() == [sqlaq.migrations.HEAD]
+
+
+# -- the cases ---------------------------------------------------------------------
+
+
+def covered(block: Block) -> bool:
+    """Whether a rule covers *block*: a new sample must not go unchecked by accident."""
+    if block.lang == "python":
+        if "skip" in block.options:
+            return bool(block.options.get("reason"))
+        return block.options.get("prelude") in PRELUDES
+    if block.lang == "sh":
+        return all(sh_rule(argv) for argv, _ in sh_commands(block.code))
+    if block.lang == "ini":
+        return _alembic_section(block.code) is not None
+    return block.lang == ""  # no language: a diagram or sample output, shown, not run
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
+def test_readme_sample(block: Block, request: pytest.FixtureRequest) -> None:
+    if not covered(block):
+        pytest.fail(
+            f"{block.where}: no rule covers this block. A python block needs a marker "
+            f"before it, '<!-- docs-test: prelude=NAME -->' (one of {sorted(PRELUDES)}) or "
+            "'<!-- docs-test: skip reason=\"...\" -->'; sh commands need a rule in sh_rule."
+        )
+    if block.lang == "":
+        first = block.code.splitlines()[0] if block.code.strip() else ""
+        pytest.skip(f"{block.where} not run: no language (output or a diagram): {first[:50]!r}")
+    {"python": _python, "sh": _sh, "ini": _ini}[block.lang](block, request)
+
+
+def test_docs_test_markers_are_attached_and_every_prelude_is_used() -> None:
+    assert README_DOC.stray_markers == [], "docs-test markers not followed by a code block"
+    known = {"prelude", "skip", "reason"}
+    for block in BLOCKS:
+        assert set(block.options) <= known, f"{block.where}: unknown marker option"
+        if block.options:
+            assert block.lang == "python", f"{block.where}: markers are for python blocks"
+    used = {block.options.get("prelude") for block in BLOCKS}
+    assert set(PRELUDES) <= used, f"preludes no sample uses: {set(PRELUDES) - used}"
+
+
+def test_repository_env_py_hides_sqlaq_from_autogenerate_as_the_readme_says() -> None:
+    env_py = (ROOT / "alembic" / "env.py").read_text(encoding="utf-8")
+    assert "include_name=sqlaq.migrations.include_name" in env_py
