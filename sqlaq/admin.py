@@ -34,6 +34,11 @@ BATCH_SIZE = 1000
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No abbreviations: a shortened flag could start meaning another one later.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
@@ -158,7 +163,18 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = No
 def _migrate(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     with engine.connect() as conn:
         before = migrations.current_revision(conn)
+        own = migrations.standalone_revision(conn)
         conn.rollback()
+        if before is not None and own is None:
+            # Installed through a host's own Alembic history: upgrading here would run
+            # the revisions a second time. That history is where it is upgraded.
+            if before == migrations.HEAD:
+                print(f"sqlaq schema is at {before} (head): nothing to do", file=out)
+                return 0
+            raise UsageError(
+                f"sqlaq's schema ({before}) was installed by your project's Alembic "
+                "history: run 'alembic upgrade heads' there instead"
+            )
         migrations.upgrade(conn)
         after = migrations.current_revision(conn)
     print(f"sqlaq schema: {before or 'none'} -> {after}", file=out)

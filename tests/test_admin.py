@@ -194,6 +194,7 @@ def test_enqueue_and_its_dedupe(database_url: str, committed: Engine) -> None:
         (["retry"], "give job ids, or --all with filters"),
         (["cancel", "1", "--all"], "give job ids, or --all with filters"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["list", "--sinc", "2h"], "unrecognized arguments: --sinc"),  # no abbreviations
     ],
 )
 def test_usage_errors_exit_2_with_one_line(
@@ -263,3 +264,11 @@ def test_console_script_runs(database_url: str, committed: Engine) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"counts": [], "queues": []}
+
+
+def test_migrate_leaves_a_schema_installed_by_the_hosts_alembic_alone(
+    database_url: str,
+) -> None:
+    """The suite's database was migrated through alembic.ini, like a host project's."""
+    code, out = sqlaq_cmd(database_url, "migrate")
+    assert (code, out) == (0, f"sqlaq schema is at {sqlaq.migrations.HEAD} (head): nothing to do\n")

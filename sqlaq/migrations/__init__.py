@@ -51,6 +51,7 @@ __all__ = [
     "head_revision",
     "include_name",
     "standalone_config",
+    "standalone_revision",
     "upgrade",
     "upgrade_sql",
 ]
@@ -142,6 +143,17 @@ def current_revision(connection: Connection) -> str | None:
     if not connection.execute(has_schema_revision_stmt()).scalar_one():
         return None
     return str(connection.execute(schema_revision_stmt()).scalar_one())
+
+
+def standalone_revision(connection: Connection) -> str | None:
+    """The revision the standalone path recorded (``sqlaq_alembic_version``), or None.
+
+    None with a :func:`current_revision` means the schema came through a host's Alembic.
+    """
+    from alembic.migration import MigrationContext
+
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
 
 
 def check(connection: Connection) -> str:
