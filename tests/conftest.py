@@ -12,6 +12,7 @@ The suite never touches the database it connects to first: it creates
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import NullPool
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -65,20 +67,34 @@ def server_url() -> Iterator[str]:
     yield from _server_url()
 
 
-@pytest.fixture(scope="session")
-def database_url(server_url: str) -> Iterator[str]:
-    """URL of a fresh database of the suite's own, dropped at the end."""
-    name = f"sqlaq_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+@contextlib.contextmanager
+def new_database(server_url: str, prefix: str = "sqlaq_test") -> Iterator[str]:
+    """Create a uniquely named empty database on the server; yield its URL; drop it
+    (``WITH (FORCE)``, so a leftover connection cannot keep it alive)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
     try:
-        yield url
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def database_url(server_url: str) -> Iterator[str]:
+    """URL of a fresh database of the suite's own, dropped at the end."""
+    with new_database(server_url) as url:
+        yield url
+
+
+@pytest.fixture
+def empty_database_url(server_url: str) -> Iterator[str]:
+    """A database of the test's own with no sqlaq schema, dropped after the test."""
+    with new_database(server_url, "sqlaq_empty") as url:
+        yield url
 
 
 def alembic_config(url: str) -> Config:

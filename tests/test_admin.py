@@ -10,7 +10,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 
 import sqlaq
 from sqlaq import NewJob, admin
@@ -226,25 +226,18 @@ def test_database_url_comes_from_the_environment(database_url: str, committed: E
 
 
 def test_migrate_and_check_on_a_fresh_database(
-    server_url: str, capsys: pytest.CaptureFixture[str]
+    empty_database_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    name = f"sqlaq_admin_{uuid.uuid4().hex[:8]}"
-    admin_engine = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin_engine.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = str(create_engine(server_url).url.set(database=name).render_as_string(False))
-    try:
-        code, _ = sqlaq_cmd(url, "check")
-        assert code == 1
-        assert "run 'alembic upgrade heads'" in one_line_error(capsys)
-        code, out = sqlaq_cmd(url, "migrate")
-        assert (code, out) == (0, f"sqlaq schema: none -> {sqlaq.migrations.head_revision()}\n")
-        code, out = sqlaq_cmd(url, "check")
-        assert code == 0
-    finally:
-        with admin_engine.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin_engine.dispose()
+    url = empty_database_url
+    code, _ = sqlaq_cmd(url, "check")
+    assert code == 1
+    assert "run 'alembic upgrade heads'" in one_line_error(capsys)
+    code, out = sqlaq_cmd(url, "migrate")
+    assert (code, out) == (0, f"sqlaq schema: none -> {sqlaq.migrations.HEAD}\n")
+    code, out = sqlaq_cmd(url, "migrate")
+    assert (code, out) == (0, f"sqlaq schema: {sqlaq.migrations.HEAD} -> {sqlaq.migrations.HEAD}\n")
+    code, out = sqlaq_cmd(url, "check")
+    assert code == 0
 
 
 def test_migrate_sql_prints_ddl_without_a_database() -> None:

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine
 from workerkit import TESTS_DIR, count_status, ledger_table, rows, worker_env
 
 import sqlaq
@@ -29,21 +27,6 @@ pytestmark = pytest.mark.timeout(60)
 def ledger(committed: Engine) -> Iterator[Engine]:
     """The ledger table (on a truncated queue), dropped after the test."""
     yield from ledger_table(committed)
-
-
-@pytest.fixture
-def empty_database_url(server_url: str) -> Iterator[str]:
-    """A database of its own with no sqlaq schema, dropped after the test."""
-    name = f"sqlaq_empty_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def run_cli(

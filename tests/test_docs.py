@@ -55,8 +55,7 @@ from typing import Any
 import pytest
 from alembic.config import CommandLine, Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, String, create_engine, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Connection, Engine, String, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import sqlaq
@@ -418,21 +417,6 @@ def failed_emails(committed: Engine) -> Engine:
     return committed
 
 
-@pytest.fixture
-def fresh_database_url(server_url: str) -> Iterator[str]:
-    """An empty database of its own, dropped after the test."""
-    name = f"sqlaq_docs_{uuid.uuid4().hex[:12]}"
-    server = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with server.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with server.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        server.dispose()
-
-
 def exact(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """*parser*, and its subcommands' parsers, without abbreviated flags: argparse would
     take a README's ``--since`` for a flag renamed ``--since-time``."""
@@ -482,7 +466,7 @@ def _check_in_ci(argv: list[str], line: str, request: pytest.FixtureRequest) -> 
 def _check_quickstart(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
     script = ROOT / argv[1]
     assert script.is_file()
-    url = request.getfixturevalue("fresh_database_url")
+    url = request.getfixturevalue("empty_database_url")
     run = subprocess.run(
         [sys.executable, str(script)],
         cwd=ROOT,

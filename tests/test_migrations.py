@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import uuid
 import zipfile
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -28,7 +27,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from conftest import ROOT, alembic_config
+from conftest import ROOT, alembic_config, new_database
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -129,21 +128,6 @@ ABSENCE_TIMEOUT = 0.5
 
 
 @contextlib.contextmanager
-def _database(server_url: str) -> Iterator[str]:
-    """A fresh, uniquely named database on the server; dropped WITH (FORCE) at the end."""
-    name = f"sqlaq_mig_{uuid.uuid4().hex}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-@contextlib.contextmanager
 def _connect(url: str) -> Iterator[Connection]:
     engine = create_engine(url, poolclass=NullPool)
     try:
@@ -155,7 +139,7 @@ def _connect(url: str) -> Iterator[Connection]:
 
 @pytest.fixture
 def fresh_url(server_url: str) -> Iterator[str]:
-    with _database(server_url) as url:
+    with new_database(server_url, "sqlaq_mig") as url:
         yield url
 
 
@@ -163,7 +147,7 @@ def fresh_url(server_url: str) -> Iterator[str]:
 def migrated_url(server_url: str) -> Iterator[str]:
     """A database of this module's own, upgraded to heads through the repository's
     alembic.ini. Tests here read its catalog or commit jobs into it; none migrates it."""
-    with _database(server_url) as url:
+    with new_database(server_url, "sqlaq_mig") as url:
         alembic.command.upgrade(alembic_config(url), "heads")
         yield url
 
