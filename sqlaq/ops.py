@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from sqlalchemy import Connection, CursorResult
 from sqlalchemy.orm import Session
 
@@ -203,6 +204,52 @@ def enqueue_many(conn: Executor, jobs: Iterable[NewJob]) -> list[EnqueueResult]:
     return results  # type: ignore[return-value]
 
 
+def enqueue_copy(conn: Executor, jobs: Iterable[NewJob]) -> int:
+    """Insert many jobs with ``COPY``, in the caller's transaction: the fastest path.
+
+    Two to three times the rate of :func:`enqueue_many` (``bench/RESULTS.md``), for jobs
+    that need neither ids back nor the other things COPY cannot do: every job must be
+    due now (no ``delay``) and have no ``dedupe_key``. Workers are notified on commit,
+    as for any enqueue. Runs on the driver (psycopg) connection under *conn*, inside
+    the transaction *conn* has begun (or begins, as any operation would).
+
+    Returns:
+        How many jobs were written.
+
+    Raises:
+        InvalidJobError: an item is not a :class:`~sqlaq.NewJob`, or has a dedupe key
+            or a delay; nothing was written.
+    """
+    batch = list(jobs)
+    for index, job in enumerate(batch):
+        if not isinstance(job, NewJob):
+            raise InvalidJobError(f"jobs[{index}] must be a sqlaq.NewJob, got {type(job).__name__}")
+        if job.dedupe_key is not None:
+            raise InvalidJobError(
+                f"jobs[{index}] has a dedupe_key; COPY cannot skip duplicates: "
+                "use sqlaq.enqueue_many for jobs with dedupe keys"
+            )
+        if job.delay:
+            raise InvalidJobError(
+                f"jobs[{index}] has a delay; COPY writes run_at = now(): "
+                "use sqlaq.enqueue_many for delayed jobs"
+            )
+    if not batch:
+        return 0
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    if not connection.in_transaction():
+        connection.begin()  # what executing a statement would do: the caller commits
+    driver = connection.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        raise ConfigError(
+            f"enqueue_copy needs the psycopg driver (postgresql+psycopg://), got {driver!r}"
+        )
+    with driver.cursor() as cursor, cursor.copy(queries.enqueue_copy_stmt()) as copy:
+        for job in batch:
+            copy.write_row((job.queue, job.kind, job.payload_json, job.priority, job.max_attempts))
+    return len(batch)
+
+
 def claim(
     conn: Executor,
     *,
@@ -321,7 +368,8 @@ def complete(
     held = _as_leases(leases)
     if not held:
         return []
-    done = set(conn.execute(_COMPLETE, queries.fence_params(held)).scalars())
+    # Rows, not .scalars(): a ScalarResult rebuilds the result's metadata on each call.
+    done = {row[0] for row in conn.execute(_COMPLETE, queries.fence_params(held))}
     _check_lost(held, done, raise_on_lost)
     return [h.job_id for h in held if h.job_id in done]
 

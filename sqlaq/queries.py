@@ -73,6 +73,7 @@ __all__ = [
     "claim_stmt",
     "complete_stmt",
     "due_queues_stmt",
+    "enqueue_copy_stmt",
     "enqueue_many_stmt",
     "enqueue_params",
     "enqueue_stmt",
@@ -230,6 +231,27 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob]) -> Insert:
     return stmt.returning(c.id, c.kind, c.dedupe_key)
 
 
+#: Columns :func:`enqueue_copy_stmt` loads, in this order; ``run_at`` and ``created_at``
+#: keep their default, ``now()``.
+COPY_COLUMNS = ("queue", "kind", "payload", "priority", "max_attempts")
+
+
+def enqueue_copy_stmt() -> psycopg.sql.Composed:
+    """``COPY sqlaq_jobs (queue, kind, payload, priority, max_attempts) FROM STDIN``.
+
+    The fastest way in for many jobs (rows in :data:`COPY_COLUMNS` order): no ids come
+    back and there is no ``ON CONFLICT``, so it takes no dedupe keys, and ``run_at`` is
+    the column's default, ``now()``, so no delays either. COPY fires the statement-level
+    insert trigger like an INSERT, so workers are notified on commit. A psycopg
+    statement rather than a SQLAlchemy one: SQLAlchemy has no COPY, so it runs on the
+    driver connection under the caller's (see :func:`sqlaq.enqueue_copy`).
+    """
+    return psycopg.sql.SQL("COPY {} ({}) FROM STDIN").format(
+        psycopg.sql.Identifier(jobs.name),
+        psycopg.sql.SQL(", ").join(map(psycopg.sql.Identifier, COPY_COLUMNS)),
+    )
+
+
 def find_pending_duplicates_stmt(*, kinds: Sequence[str], dedupe_keys: Sequence[str]) -> Any:
     """Select ``id, kind, dedupe_key`` of pending jobs holding any of the given pairs."""
     pairs = (
@@ -263,7 +285,9 @@ def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> 
             ORDER BY priority DESC, run_at, id LIMIT :b_limit FOR UPDATE SKIP LOCKED)
         UPDATE sqlaq_jobs SET status = 'running', attempts = attempts + 1,
             locked_by = :b_worker, lease_token = gen_random_uuid(), run_at = now() + :b_lease
-        FROM candidates WHERE sqlaq_jobs.id = candidates.id RETURNING ...
+        FROM candidates WHERE sqlaq_jobs.id = candidates.id
+            AND sqlaq_jobs.id = ANY (ARRAY(SELECT candidates.id FROM candidates))
+        RETURNING ...
 
     A due ``running`` row is a job whose lease expired. If it has attempts left it is
     claimed again (``last_error`` records the expiry). If it was on its last attempt it
@@ -301,9 +325,14 @@ def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> 
         + attempt_text
         + literal_column("'; claimed again'", Text)
     )
+    # The join alone lets the planner hash the whole table when the limit is large and
+    # the table small (a 200-row claim beside 20,000 queued rows: a seq scan, 7.3 ms);
+    # "id = ANY(ARRAY(<the candidates>))" hands it the ids as an index condition, read
+    # once from the materialized CTE (an InitPlan, never re-run per row): 2.5 ms.
+    picked = func.any(func.array(select(candidates.c.id).scalar_subquery()))
     return (
         update(jobs)
-        .where(c.id == candidates.c.id)
+        .where(c.id == candidates.c.id, c.id == picked)
         .values(
             status=case((exhausted, _status(JobStatus.FAILED)), else_=_status(JobStatus.RUNNING)),
             attempts=case((exhausted, c.attempts), else_=c.attempts + literal_column("1", Integer)),

@@ -232,7 +232,7 @@ class Runner:
             if run.handler is None:  # pragma: no cover - the worker never submits these
                 raise RuntimeError(f"no handler for kind {run.job.kind!r}")
             result = run.handler.func(run.job.payload)
-            if inspect.isawaitable(result):
+            if result is not None and inspect.isawaitable(result):
                 # A sync callable that returned an awaitable (a wrapped coroutine
                 # function): run it on the shared loop rather than a loop of its own.
                 asyncio.run_coroutine_threadsafe(_awaited(result), self._ensure_loop()).result()

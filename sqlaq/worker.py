@@ -6,18 +6,24 @@ renewing leases, writing outcomes, and shutting down. Statements come from
 :mod:`sqlaq.listener`, and :mod:`sqlaq.transient` says which database errors to wait
 out. It must not configure logging, read the environment, or install signal handlers.
 
-The thread that calls :meth:`Worker.run` does all of the worker's database work, in one
-short transaction per turn::
+The thread that calls :meth:`Worker.run` owns every piece of state and does the
+bookkeeping; its database work is split in two, so that claiming never waits for
+writing (as River's completer does; bench/RESULTS.md has the before and after)::
 
-    _apply_outcomes   one complete for every success, one fail per failure
-    _extend_leases    when due: one extend for all running jobs (per lease length)
-    _fetch            one claim per due queue, round robin, limit = free slots
-    commit, then _dispatch the claimed jobs to the runner
+    run thread      _fetch: one claim per due queue, limit = free slots, each on a
+                    connection held in autocommit (a claim is one statement: no BEGIN
+                    or COMMIT round trip), then _dispatch the claimed jobs at once
+    writer thread   one batch at a time, in one transaction on a second connection:
+                    _apply_outcomes (one complete for every success, one fail per
+                    failure) and, when due, _extend_leases (one extend for all running
+                    jobs not being written)
 
-so a no-op job costs a share of three statements and one commit, never a round trip of
-its own. When the database is away the turn is retried after a backoff; finished
-outcomes wait in memory and are written when it is back, fenced by lease (a job
-claimed again meanwhile is left alone and the run is logged as lost).
+The writer only runs statements over the runs it is handed and reports back; the run
+thread hands it the next batch once it has settled the last (logs, callbacks, state), so
+a no-op job costs a share of two statements and two commits, never a round trip of its
+own. When the database is away the failed step is retried after a backoff; finished
+outcomes wait in memory and are written when it is back, fenced by lease (a job claimed
+again meanwhile is left alone and the run is logged as lost).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any
 from uuid import UUID, uuid4
@@ -54,13 +61,26 @@ LISTENER_APPLICATION_NAME = "sqlaq-listener"
 _Written = list[tuple[Run, JobStatus | None]]
 
 
+@dataclass(eq=False)
+class _Batch:
+    """What the writer thread writes in one transaction, and what came of it."""
+
+    runs: list[Run]  # finished: their outcomes
+    renewing: list[Run] | None  # running: their leases, when the heartbeat is due
+    done: threading.Event = field(default_factory=threading.Event)
+    written: _Written = field(default_factory=list)
+    renewed: dict[int, Lease] = field(default_factory=dict)
+    error: BaseException | None = None
+
+
 class Worker:
     """Runs the handlers of *registry* for the due jobs of the configured queues.
 
     Args:
-        engine: The queue's database. The worker uses one connection at a time, plus one
-            per handler calling ``current_job().extend_lease()``, plus a LISTEN
-            connection of its own made from the engine's URL.
+        engine: The queue's database. While :meth:`run` runs, the worker holds one
+            connection (its claims) and uses a second for writing outcomes, plus one per
+            handler calling ``current_job().extend_lease()``, plus a LISTEN connection
+            of its own made from the engine's URL.
         registry: The handlers.
         config: The options; or pass them as keywords (``concurrency=8``), which
             override *config*'s.
@@ -100,14 +120,20 @@ class Worker:
         self._registry = registry
         self._on_job_finished = on_job_finished
         self._on_job_started = on_job_started
-        self._wake = threading.Event()  # an outcome, a notification, a stop
+        self._wake = threading.Event()  # an outcome, a written batch, a notification, a stop
         self._stopping = threading.Event()
         self._interrupt = threading.Event()  # cuts a database backoff short
         self._forced = False
         self._finished: deque[Run] = deque()  # appended by handler threads
         self._woken: deque[str | None] = deque()  # appended by the listener thread
         self._held: dict[int, Run] = {}  # every lease held: running or not yet written
-        self._unwritten: list[Run] = []  # finished; outcome not yet committed
+        self._unwritten: list[Run] = []  # finished; not yet handed to the writer
+        self._writing: _Batch | None = None  # handed to the writer, not yet settled
+        self._batches: deque[_Batch | None] = deque()  # the writer's inbox; None: stop
+        self._writer_wake = threading.Event()
+        self._writer: threading.Thread | None = None
+        self._claim_conn: Connection | None = None  # the run thread's
+        self._write_conn: Connection | None = None  # the writer thread's
         self._busy = 0  # handlers running
         self._due: set[str] = set()  # queues that may have due jobs
         self._turn = 0
@@ -169,34 +195,26 @@ class Worker:
             statement = queries.listen_stmt(channel=CHANNEL)
             self._listener = Listener(params, statement, self._notified)
             self._listener.start()
+        # A daemon, like the handler threads: a writer stuck on a dead connection must
+        # not keep the process alive once run() has returned.
+        self._writer = threading.Thread(target=self._write_loop, name="sqlaq-writer", daemon=True)
+        self._writer.start()
         self.started.set()
 
     def _step(self, *, claiming: bool) -> None:
-        """One turn: write outcomes, renew leases, claim; one transaction."""
+        """One turn: settle what the writer wrote, hand it the next batch, claim."""
         self._wake.clear()  # before looking, so an event after the look is not missed
         self._collect()
-        renewing = self._renewing() if self._heartbeat.due() else None
+        if self._writing is not None and self._writing.done.is_set():
+            self._settle_batch()
+        if self._writing is None:
+            self._hand_to_writer()
         room = self.config.concurrency - self._busy if claiming else 0
-        queues = self._due_queues() if room > 0 else []
-        if not (self._unwritten or renewing is not None or queues):
-            return
-        try:
-            with self._engine.begin() as conn:
-                written = self._apply_outcomes(conn)
-                renewed = self._extend_leases(conn, renewing)
-                claimed, empty = self._fetch(conn, queues, room)
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            self._back_off(exc)
-            return
-        self._recovered()
-        # Committed: only now may state change, and claimed jobs start.
-        self._settle(written)
-        if renewing is not None:
-            self._heartbeat.apply(renewing, renewed)
-        self._due.difference_update(empty)
-        self._dispatch(claimed)
+        if room > 0:
+            for queue in self._due_queues():
+                room -= self._fetch(queue, room)
+                if room <= 0 or self._stopping.is_set():
+                    break
         self._update_idle()
 
     def _collect(self) -> None:
@@ -219,32 +237,60 @@ class Worker:
         self._turn += 1
         return [q for q in queues[start:] + queues[:start] if q in self._due]
 
-    def _fetch(
-        self, conn: Connection, queues: list[str], room: int
-    ) -> tuple[list[ops.ClaimedJob], list[str]]:
-        """Claim up to *room* jobs, one statement per queue; also name the empty queues."""
-        claimed: list[ops.ClaimedJob] = []
-        empty: list[str] = []
-        for queue in queues:
-            if room <= 0:
-                break
+    def _fetch(self, queue: str, room: int) -> int:
+        """Claim up to *room* jobs of *queue* and start them; return how many.
+
+        The claim is one statement on a connection in autocommit: it is committed when
+        it returns, so its jobs may start at once (and a later queue's failure cannot
+        undo it).
+        """
+        try:
+            conn = self._claim_connection()
             jobs = ops.claim(
                 conn, worker_id=self.worker_id, queue=queue, limit=room, lease=self.config.lease
             )
-            if not jobs:
-                empty.append(queue)
-            claimed.extend(jobs)
-            room -= len(jobs)
-        return claimed, empty
+            conn.commit()  # ends SQLAlchemy's own transaction; nothing is sent
+        except Exception as exc:
+            self._drop_claim_connection()
+            if not is_transient(exc):
+                raise
+            self._back_off(exc)
+            return 0
+        self._recovered()
+        if not jobs:
+            self._due.discard(queue)
+        self._dispatch(jobs)
+        return len(jobs)
+
+    def _claim_connection(self) -> Connection:
+        if self._claim_conn is None:
+            self._claim_conn = _autocommit(self._engine)
+        return self._claim_conn
+
+    def _drop_claim_connection(self) -> None:
+        conn, self._claim_conn = self._claim_conn, None
+        _close_quietly(conn)
+
+    def _write_connection(self) -> Connection:
+        if self._write_conn is None:
+            self._write_conn = _autocommit(self._engine)
+        return self._write_conn
+
+    def _drop_write_connection(self) -> None:
+        conn, self._write_conn = self._write_conn, None
+        _close_quietly(conn)
 
     def _dispatch(self, claimed: list[ops.ClaimedJob]) -> None:
         """Hand claimed jobs to the runner; a kind without a handler fails at once."""
         runs: list[Run] = []
         log = _log.isEnabledFor(logging.INFO)
+        get_handler = self._registry.get
+        default_lease = self.config.lease
+        renew = self._heartbeat.renew_now
         for job in claimed:
-            handler = self._registry.get(job.kind)
-            length = (handler.lease if handler else None) or self.config.lease
-            run = Run.of(job, handler, length, self._heartbeat.renew_now)
+            handler = get_handler(job.kind)
+            length = (handler.lease if handler else None) or default_lease
+            run = Run.of(job, handler, length, renew)
             self._held[job.id] = run
             if log:
                 _log.info("job started", extra=run.log_extra())
@@ -263,19 +309,90 @@ class Worker:
             self._busy += len(runs)
             self._runner.submit(runs)
 
-    def _apply_outcomes(self, conn: Connection) -> _Written:
+    # -- writing outcomes ------------------------------------------------------------
+
+    def _hand_to_writer(self) -> None:
+        """Give the writer the finished outcomes and, if due, the leases to renew."""
+        renewing = self._renewing() if self._heartbeat.due() else None
+        if not self._unwritten and renewing is None:
+            return
+        batch = _Batch(self._unwritten, renewing)
+        self._unwritten = []
+        self._writing = batch
+        self._batches.append(batch)
+        self._writer_wake.set()
+
+    def _write_loop(self) -> None:
+        """The writer thread: write each batch, then wake the run thread. It never
+        touches the worker's state: the run thread settles each batch."""
+        try:
+            while True:
+                self._writer_wake.wait()
+                self._writer_wake.clear()
+                while self._batches:
+                    batch = self._batches.popleft()
+                    if batch is None:
+                        return  # _close: the run thread is done with us
+                    try:
+                        self._write(batch)
+                    except BaseException as exc:  # the run thread decides what it means
+                        batch.error = exc
+                    batch.done.set()
+                    self._wake.set()
+        finally:
+            self._drop_write_connection()
+
+    def _write(self, batch: _Batch) -> None:
+        """Write *batch* in one transaction (in the writer thread).
+
+        The common batch, successes only, is one complete statement: it runs on a
+        connection held in autocommit, with no BEGIN or COMMIT round trip. A batch with
+        failures or lease renewals takes a transaction of its own, so it is written
+        whole or not at all.
+        """
+        if batch.renewing is None and all(r.error is None and not r.lost for r in batch.runs):
+            try:
+                conn = self._write_connection()
+                batch.written = self._apply_outcomes(conn, batch.runs)
+                conn.commit()  # ends SQLAlchemy's own transaction; nothing is sent
+            except BaseException:
+                self._drop_write_connection()
+                raise
+            return
+        with self._engine.begin() as conn:
+            batch.written = self._apply_outcomes(conn, batch.runs)
+            batch.renewed = self._extend_leases(conn, batch.renewing)
+
+    def _settle_batch(self, timeout: float | None = 0.0) -> None:
+        """Apply what the writer did with the batch in flight (waiting up to *timeout*)."""
+        batch = self._writing
+        if batch is None or not batch.done.wait(timeout):
+            return
+        self._writing = None
+        if batch.error is not None:
+            if not is_transient(batch.error):
+                raise batch.error
+            self._unwritten[:0] = batch.runs  # written again, in order, once it is back
+            self._back_off(batch.error)
+            return
+        self._recovered()
+        self._settle(batch.written)
+        if batch.renewing is not None:
+            self._heartbeat.apply(batch.renewing, batch.renewed)
+
+    def _apply_outcomes(self, conn: Connection, runs: list[Run]) -> _Written:
         """Write finished outcomes: one complete for every success, one fail per failure.
 
         A run whose lease was found lost writes nothing; any other lease lost since is
         found by the fence (the statement matches no row) and reported as None.
         """
         written: _Written = []
-        successes = [r for r in self._unwritten if r.error is None and not r.lost]
+        successes = [r for r in runs if r.error is None and not r.lost]
         if successes:
             leases = [r.context.lease for r in successes]
             done = set(ops.complete(conn, leases, raise_on_lost=False))
             written += [(r, JobStatus.DONE if r.job.id in done else None) for r in successes]
-        for run in self._unwritten:
+        for run in runs:
             if run.lost:
                 written.append((run, None))
             elif run.error is not None:
@@ -286,17 +403,18 @@ class Worker:
 
     def _settle(self, written: _Written) -> None:
         """After commit: forget written runs, log each state change, tell the callback."""
-        self._unwritten = []
         log = _log.isEnabledFor(logging.INFO)
+        held = self._held
+        finished = self._on_job_finished
         for run, status in written:
-            del self._held[run.job.id]
+            del held[run.job.id]
             if status is None:
                 _log.warning("job result not written: lease lost", extra=run.log_extra())
             elif log:
                 run.log_outcome(_log, status)
-            if self._on_job_finished is not None:
+            if finished is not None:
                 try:
-                    self._on_job_finished(run.result(status))
+                    finished(run.result(status))
                 except Exception:
                     _log.exception("on_job_finished callback raised")
 
@@ -305,6 +423,8 @@ class Worker:
     def _renewing(self) -> list[Run]:
         """Runs whose lease the heartbeat keeps: held, not lost, not being written."""
         writing = {id(r) for r in self._unwritten}
+        if self._writing is not None:
+            writing.update(id(r) for r in self._writing.runs)
         return [r for r in self._held.values() if not r.lost and id(r) not in writing]
 
     def _extend_leases(self, conn: Connection, runs: list[Run] | None) -> dict[int, Lease]:
@@ -314,9 +434,15 @@ class Worker:
     # -- waiting -------------------------------------------------------------------
 
     def _sleep(self, until: float | None = None) -> None:
-        """Wait for something to do: an outcome, a notification, a stop, or a timer (the
-        next poll while a slot is free, the next heartbeat while leases are held)."""
-        if self._finished or self._unwritten or self._woken:
+        """Wait for something to do: an outcome, a written batch, a notification, a
+        stop, or a timer (the next poll while a slot is free, the next heartbeat while
+        leases are held and the writer is free)."""
+        if self._finished or self._woken:
+            return
+        writing = self._writing
+        if writing is None and self._unwritten:
+            return  # the writer is free: hand it the outcomes at once
+        if writing is not None and writing.done.is_set():
             return
         claimable = self._busy < self.config.concurrency and not self._stopping.is_set()
         if claimable and self._due:
@@ -324,12 +450,12 @@ class Worker:
         deadlines = [] if until is None else [until]
         if claimable:
             deadlines.append(self._next_poll)
-        if self._held:
-            deadlines.append(self._heartbeat.next)
+        if self._held and writing is None:
+            deadlines.append(self._heartbeat.next)  # (a busy writer wakes us when done)
         self._wake.wait(max(0.0, min(deadlines) - monotonic()) if deadlines else None)
 
     def _quiet(self) -> bool:
-        return not (self._due or self._held or self._finished or self._woken)
+        return not (self._due or self._held or self._finished or self._woken or self._writing)
 
     def _update_idle(self) -> None:
         if self._quiet():
@@ -339,7 +465,11 @@ class Worker:
 
     def _handler_finished(self, run: Run) -> None:
         self._finished.append(run)  # from a handler's thread; deque.append is atomic
-        self._wake.set()
+        # Set only if clear: set() takes a lock and is called once per job. Safe, as the
+        # run thread clears the event before it collects: if it is still set here, the
+        # run thread has yet to clear it, and its collect will see this run.
+        if not self._wake.is_set():
+            self._wake.set()
 
     def _notified(self, queue: str | None) -> None:
         if queue is None or queue in self.config.queues:
@@ -380,6 +510,10 @@ class Worker:
             if not self._busy or self._forced or monotonic() >= deadline:
                 break
             self._sleep(deadline)
+        # The batch in flight, written or failed. A writer stuck longer than that (a
+        # hung connection) is left behind: its runs are neither written nor handed back
+        # here, and their jobs run again once their leases end (at least once).
+        self._settle_batch(timeout=FINAL_WRITE_SECONDS)
         self._final_write()
 
     def _final_write(self) -> None:
@@ -393,7 +527,7 @@ class Worker:
                 return
             try:
                 with self._engine.begin() as conn:
-                    written = self._apply_outcomes(conn)
+                    written = self._apply_outcomes(conn, self._unwritten)
                     leases = [r.context.lease for r in running]
                     handed = set(ops.handback(conn, leases, raise_on_lost=False))
             except Exception as exc:
@@ -402,6 +536,7 @@ class Worker:
                     return
                 self._back_off(exc)
                 continue
+            self._unwritten = []
             self._settle(written)
             for run in running:
                 del self._held[run.job.id]
@@ -413,5 +548,24 @@ class Worker:
     def _close(self) -> None:
         if self._listener is not None:
             self._listener.stop()
+        if self._writer is not None:
+            self._batches.append(None)
+            self._writer_wake.set()
+            self._writer.join(timeout=2.0)  # it closes its connection on the way out
+        self._drop_claim_connection()
         self._runner.close()
         _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})
+
+
+def _autocommit(engine: Engine) -> Connection:
+    """A pooled connection in autocommit, for one-statement transactions."""
+    return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+
+def _close_quietly(conn: Connection | None) -> None:
+    """Return *conn* to the pool (which discards it if it was invalidated)."""
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:
+            _log.debug("closing a worker connection failed", exc_info=True)
