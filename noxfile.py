@@ -1,4 +1,4 @@
-"""nox is the source of truth for checks: `nox -s tests lint types`."""
+"""nox is the source of truth for checks: `nox -s tests lint types`; `nox -s bench` benchmarks."""
 
 from __future__ import annotations
 
@@ -23,6 +23,17 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """The benchmark (bench/run.py) on the local PostgreSQL; writes bench/results.json.
+
+    Needs only the package itself; pass options after --, e.g. ``nox -s bench --
+    --rounds 1 --only drain``. Not in the default sessions: it takes a few minutes.
+    """
+    session.install(".")
+    session.run("python", "bench/run.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -4,8 +4,26 @@
 
 Creates a database of its own on the local server (or on the server of
 SQLAQ_BENCH_SERVER_URL), migrates it, runs every scenario --rounds times interleaved
-(A B C, A B C, ...), prints a table of median, min and max, writes the raw figures as
-JSON, and drops the database.
+(A B C, A B C, ...), prints a table of median, min and max and the targets met, writes
+the raw figures as JSON, and drops the database (on failure too, after killing any
+worker process it started). Needs nothing beyond sqlaq's own dependencies.
+
+Scenarios (bench/RESULTS.md explains each figure):
+
+1. ``enqueue_single``  one job per transaction, one process.
+2. ``enqueue_bulk``    20,000 jobs with ``enqueue_many`` (ids back) and ``enqueue_copy``.
+3. ``drain``           20,000 no-op jobs drained by ``sqlaq-worker --burst`` at its
+                       defaults, at its defaults with ``--log-level warning``, and at the
+                       best settings found; every job checked done, every handler run once.
+4. ``drain_sleep``     20,000 jobs whose handler sleeps 10 ms, ``--concurrency 100``;
+   ``thread_ceiling``  the same work in bare Python threads, no database: the ceiling.
+5. ``wakeup``          an idle worker, 200 single enqueues 20 ms apart: commit to
+                       handler start.
+6. ``claim_latency``   claim p50/p99 with 1,000 queued jobs, empty history vs 1,000,000
+                       finished rows.
+7. ``raw_baseline``    the claim-batch / complete-batch loop in raw psycopg with
+                       hand-written SQL, at the batch sizes and in-flight bounds of (3).
+8. peak RSS of each worker process (its ``VmHWM`` at exit), recorded by (3), (4), (5).
 """
 
 from __future__ import annotations
@@ -14,34 +32,52 @@ import argparse
 import json
 import os
 import platform
+import queue
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import sqlalchemy
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-import sqlaq
-from sqlaq import NewJob
+import sqlaq  # noqa: E402 - after the path is set, for a run from a clean clone
+from sqlaq import NewJob  # noqa: E402
+from sqlaq.ops import DEFAULT_LEASE  # noqa: E402
 
 DEFAULT_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+APP = "bench.app:registry"
+DRAIN_JOBS = 20_000
+#: The best settings found for a no-op drain (bench/RESULTS.md has the sweep): the claim
+#: batch is the number of free slots, so concurrency is the batch size.
+BEST_CONCURRENCY = 200
+SLEEP_CONCURRENCY = 100
+QUIET = ["--log-level", "warning"]
 
 
 @dataclass
 class Bench:
-    """What a scenario gets: the database and a place to record figures."""
+    """What a scenario gets: the database, a place to record figures, and the workers."""
 
     url: str
     engine: Engine
     figures: dict[str, list[float]] = field(default_factory=dict)
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def record(self, name: str, value: float) -> None:
         self.figures.setdefault(name, []).append(value)
@@ -53,11 +89,123 @@ class Bench:
         with self.engine.begin() as conn:
             conn.execute(text("TRUNCATE sqlaq_jobs"))
 
+    def fill(self, kind: str, count: int) -> None:
+        """An empty queue, then *count* due jobs of *kind*, analyzed."""
+        self.reset()
+        with self.engine.begin() as conn:
+            sqlaq.enqueue_copy(conn, [NewJob(kind, {"n": n}) for n in range(count)])
+        with self.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+                text("VACUUM ANALYZE sqlaq_jobs")
+            )
+
+    def scalar(self, sql: str, **params: Any) -> Any:
+        with self.engine.connect() as conn:
+            return conn.execute(text(sql), params).scalar_one()
+
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[index]
+
+
+# --- worker processes ----------------------------------------------------------------
+
+
+def worker_command() -> list[str]:
+    """The ``sqlaq-worker`` console script beside this interpreter, else ``-m sqlaq.cli``."""
+    script = Path(sys.executable).with_name("sqlaq-worker")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "sqlaq.cli"]
+
+
+@dataclass
+class WorkerRun:
+    """A finished worker process: exit code, wall time, peak RSS (its own ``VmHWM``, see
+    bench/app.py), and its ledger."""
+
+    returncode: int
+    wall: float
+    max_rss_mib: float
+    ledger: list[tuple[int, str, float]]
+    log: str
+
+
+@contextmanager
+def worker(b: Bench, *args: str) -> Iterator[Callable[[float], WorkerRun]]:
+    """Start ``sqlaq-worker bench.app:registry *args``; yield ``wait(timeout)``.
+
+    The worker's logs go to a file (a pipe nobody reads could fill and block it); its
+    handlers' ledger goes to another. The process is killed on the way out if it is
+    still running.
+    """
+    with tempfile.TemporaryDirectory(prefix="sqlaq-bench-") as tmp:
+        ledger, log = Path(tmp, "ledger.txt"), Path(tmp, "worker.log")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SQLAQ_")}
+        env |= {"SQLAQ_DATABASE_URL": b.url, "SQLAQ_BENCH_LEDGER": str(ledger)}
+        with log.open("wb") as out:
+            started = time.perf_counter()
+            proc = subprocess.Popen(
+                [*worker_command(), APP, *args], cwd=ROOT, env=env, stdout=out, stderr=out
+            )
+        b.workers.append(proc)
+
+        def wait(timeout: float) -> WorkerRun:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"worker still running after {timeout}s:\n{tail(log)}") from None
+            wall = time.perf_counter() - started
+            if proc.returncode != 0:
+                raise RuntimeError(f"worker exited {proc.returncode}:\n{tail(log)}")
+            runs = [line.split() for line in ledger.read_text().splitlines()]
+            peak = [float(at) for _, kind, at in runs if kind == "peak_rss_kib"]
+            return WorkerRun(
+                proc.returncode,
+                wall,
+                peak[0] / 1024,
+                [(int(i), kind, float(at)) for i, kind, at in runs if kind != "peak_rss_kib"],
+                log.read_text(errors="replace"),
+            )
+
+        try:
+            yield wait
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            b.workers.remove(proc)
+
+
+def tail(path: Path, size: int = 4000) -> str:
+    return path.read_text(errors="replace")[-size:] if path.exists() else "(no log)"
+
+
+def drained(b: Bench, kind: str, run: WorkerRun) -> float:
+    """Check every job is done, claimed once, and its handler ran once; return jobs/s
+    from the first claim to the last completion, on the database clock.
+
+    A claim sets ``run_at = now() + lease`` and a completion ``finished_at = now()``
+    (each its statement's start), so ``max(finished_at) - (min(run_at) - lease)`` is the
+    drain as the table saw it, without the process's start-up.
+    """
+    with b.engine.connect() as conn:
+        done, attempts, seconds, ids = conn.execute(
+            text(
+                "SELECT count(*) FILTER (WHERE status = 'done'), max(attempts),"
+                " extract(epoch FROM max(finished_at) - (min(run_at) - :lease)),"
+                " array_agg(id) FROM sqlaq_jobs"
+            ),
+            {"lease": DEFAULT_LEASE},
+        ).one()
+    total = len(ids)
+    runs = Counter(job_id for job_id, ran, _ in run.ledger if ran == kind)
+    if done != total or attempts != 1:
+        raise RuntimeError(f"{done} of {total} jobs done, max attempts {attempts}")
+    if set(runs) != set(ids) or max(runs.values()) != 1:
+        twice = [i for i, n in runs.items() if n > 1][:5]
+        raise RuntimeError(f"handlers ran {len(runs)} distinct jobs of {total}; twice: {twice}")
+    return total / float(seconds)
 
 
 # --- scenarios -----------------------------------------------------------------------
@@ -71,30 +219,148 @@ def enqueue_single(b: Bench) -> None:
     for i in range(n):
         with b.engine.begin() as conn:
             sqlaq.enqueue(conn, "noop", {"i": i})
-    b.record("enqueue 1/tx (jobs/s)", n / (time.perf_counter() - start))
+    b.record("1. enqueue, 1 job/transaction (jobs/s)", n / (time.perf_counter() - start))
 
 
 def enqueue_bulk(b: Bench) -> None:
-    """2. bulk enqueue 20,000 jobs: enqueue_many (ids back) and COPY (no ids)."""
-    n = 20_000
+    """2. bulk enqueue 20,000 jobs: enqueue_many (ids back) and enqueue_copy (COPY)."""
+    n = DRAIN_JOBS
+    for name, enqueue in (
+        ("enqueue_many", sqlaq.enqueue_many),
+        ("enqueue_copy", sqlaq.enqueue_copy),
+    ):
+        for built in (True, False):
+            b.reset()
+            jobs = [NewJob("noop", {"i": i}) for i in range(n)] if built else []
+            start = time.perf_counter()
+            with b.engine.begin() as conn:
+                if not built:  # the caller's whole cost, validation included
+                    jobs = [NewJob("noop", {"i": i}) for i in range(n)]
+                result: Any = enqueue(conn, jobs)
+            rate = n / (time.perf_counter() - start)
+            written = len(result) if isinstance(result, list) else result
+            if written != n or b.scalar("SELECT count(*) FROM sqlaq_jobs") != n:
+                raise RuntimeError(f"{name} wrote {written} of {n} jobs")
+            label = "NewJobs built" if built else "incl. building NewJobs"
+            b.record(f"2. {name} 20k, {label} (jobs/s)", rate)
+
+
+def drain(b: Bench) -> None:
+    """3. drain 20,000 no-op jobs: defaults; defaults quiet; the best settings."""
+    for label, args in (
+        ("defaults (concurrency 10, info logs)", []),
+        ("defaults, --log-level warning", QUIET),
+        (
+            f"--concurrency {BEST_CONCURRENCY} --log-level warning",
+            ["--concurrency", str(BEST_CONCURRENCY), *QUIET],
+        ),
+    ):
+        b.fill("noop", DRAIN_JOBS)
+        with worker(b, "--burst", *args) as wait:
+            run = wait(300)
+        b.record(f"3. drain no-op, {label} (jobs/s)", drained(b, "noop", run))
+        b.record(f"8. worker peak RSS, drain no-op, {label} (MiB)", run.max_rss_mib)
+
+
+def drain_sleep(b: Bench) -> None:
+    """4. drain 20,000 jobs whose handler sleeps 10 ms, at concurrency 100."""
+    b.fill("sleep10", DRAIN_JOBS)
+    with worker(b, "--burst", "--concurrency", str(SLEEP_CONCURRENCY), *QUIET) as wait:
+        run = wait(300)
+    label = f"concurrency {SLEEP_CONCURRENCY}"
+    b.record(f"4. drain 10 ms handler, {label} (jobs/s)", drained(b, "sleep10", run))
+    b.record(f"8. worker peak RSS, 10 ms handler, {label} (MiB)", run.max_rss_mib)
+
+
+def thread_ceiling(b: Bench, jobs: int = DRAIN_JOBS) -> None:
+    """4'. the ceiling of (4) without sqlaq or a database: 100 Python threads running
+    10 ms sleeps, fed by one dispatcher that refills the free slots the way the worker
+    does, pausing (GIL released) for a claim round trip of 0, 1 or 2 ms before each
+    refill. Shows what threads alone allow on this machine."""
+    for claim_ms in (0, 1, 2):
+        work: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        finished: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+        threads = [
+            threading.Thread(target=_sleeper, args=(work, finished), daemon=True)
+            for _ in range(SLEEP_CONCURRENCY)
+        ]
+        for thread in threads:
+            thread.start()
+        busy = sent = done = 0
+        start = time.perf_counter()
+        while done < jobs:
+            if busy == SLEEP_CONCURRENCY or sent == jobs:
+                finished.get()
+                busy, done = busy - 1, done + 1
+            with suppress(queue.Empty):
+                while True:
+                    finished.get_nowait()
+                    busy, done = busy - 1, done + 1
+            room = min(SLEEP_CONCURRENCY - busy, jobs - sent)
+            if room > 0:
+                time.sleep(claim_ms / 1000)
+                for _ in range(room):
+                    work.put(1)
+                busy, sent = busy + room, sent + room
+        b.record(
+            f"4'. ceiling: {SLEEP_CONCURRENCY} threads x 10 ms sleep, no database,"
+            f" {claim_ms} ms per refill (jobs/s)",
+            jobs / (time.perf_counter() - start),
+        )
+        for _ in threads:
+            work.put(None)
+
+
+def _sleeper(work: queue.SimpleQueue[int | None], finished: queue.SimpleQueue[int]) -> None:
+    while work.get() is not None:
+        time.sleep(0.010)
+        finished.put(1)
+
+
+def wakeup(b: Bench, count: int = 200, spacing: float = 0.020) -> None:
+    """5. an idle worker (defaults), 200 single enqueues 20 ms apart: the time from the
+    enqueue's commit returning to its handler starting (one clock: time.time())."""
     b.reset()
-    jobs = [NewJob("noop", {"i": i}) for i in range(n)]
-    start = time.perf_counter()
-    with b.engine.begin() as conn:
-        results = sqlaq.enqueue_many(conn, jobs)
-    b.record("enqueue_many 20k (jobs/s)", n / (time.perf_counter() - start))
-    if len(results) != n:
-        raise RuntimeError(f"enqueue_many returned {len(results)} results for {n} jobs")
-    b.reset()
-    start = time.perf_counter()
-    with b.engine.begin() as conn:
-        sqlaq.enqueue_many(conn, [NewJob("noop", {"i": i}) for i in range(n)])
-    b.record("enqueue_many 20k incl. NewJob (jobs/s)", n / (time.perf_counter() - start))
+    committed: dict[int, float] = {}
+    with worker(b) as wait:
+        deadline = time.monotonic() + 30
+        while not b.scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'sqlaq-listener' AND query LIKE 'LISTEN%'"
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the worker never started listening")
+            time.sleep(0.05)
+        time.sleep(0.5)  # its first look (at start) has found nothing: idle
+        with b.engine.connect() as conn:
+            for _ in range(count):
+                job_id = sqlaq.enqueue(conn, "wake").job_id
+                conn.commit()
+                committed[job_id] = time.time()
+                time.sleep(spacing)
+        deadline = time.monotonic() + 30
+        while b.scalar("SELECT count(*) FROM sqlaq_jobs WHERE status = 'done'") < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError("not every wake-up job was done in 30 s")
+            time.sleep(0.05)
+        for proc in b.workers:
+            proc.send_signal(signal.SIGTERM)  # a graceful stop: the ledger is written
+        run = wait(60)
+    started = {job_id: at for job_id, kind, at in run.ledger if kind == "wake"}
+    if set(started) != set(committed) or len(run.ledger) != count:
+        raise RuntimeError(f"{len(run.ledger)} wake-up runs for {count} jobs")
+    latencies = [(started[i] - committed[i]) * 1000 for i in committed]
+    for q in (0.5, 0.95, 0.99):
+        b.record(
+            f"5. wake-up, commit to handler start: p{round(q * 100)} (ms)", percentile(latencies, q)
+        )
+    b.record("8. worker peak RSS, idle worker woken 200 times (MiB)", run.max_rss_mib)
 
 
 def claim_latency(b: Bench) -> None:
     """6. claim p50/p99 with 1,000 queued jobs, empty history vs 1,000,000 finished rows."""
-    for label, history in (("empty", 0), ("1M finished", 1_000_000)):
+    for label, history in (("empty table", 0), ("1M finished rows", 1_000_000)):
         b.reset()
         with b.engine.begin() as conn:
             if history:
@@ -110,91 +376,188 @@ def claim_latency(b: Bench) -> None:
             conn.execution_options(isolation_level="AUTOCOMMIT").execute(
                 text("VACUUM ANALYZE sqlaq_jobs")
             )
-        worker = uuid.uuid4()
+        worker_id = uuid.uuid4()
         samples = []
         with b.engine.connect() as conn:
             for _ in range(500):
                 start = time.perf_counter()
-                sqlaq.claim(conn, worker_id=worker, limit=10)
+                sqlaq.claim(conn, worker_id=worker_id, limit=10)
                 samples.append((time.perf_counter() - start) * 1000)
                 conn.rollback()  # keep the 1,000 queued jobs queued
-        b.record(f"claim 10, {label}: p50 (ms)", percentile(samples, 0.5))
-        b.record(f"claim 10, {label}: p99 (ms)", percentile(samples, 0.99))
+        b.record(f"6. claim 10, {label}: p50 (ms)", percentile(samples, 0.5))
+        b.record(f"6. claim 10, {label}: p99 (ms)", percentile(samples, 0.99))
 
 
+# The raw loop's SQL does what sqlaq's claim and complete do for due queued jobs, in the
+# same statement shapes (a MATERIALIZED CTE with SKIP LOCKED, ids handed to the primary
+# key; a complete fenced by id and lease token) and returning the same columns, so the
+# ratio measures sqlaq's Python and SQLAlchemy, not different SQL. What it leaves out:
+# expired-lease handling (the CASEs of sqlaq's claim), validation, dataclasses, handler
+# threads, callbacks and logging.
 RAW_CLAIM = """
 WITH c AS MATERIALIZED (
     SELECT id FROM sqlaq_jobs
     WHERE status IN ('queued', 'running') AND queue = 'default' AND run_at <= now()
     ORDER BY priority DESC, run_at, id LIMIT %(n)s FOR UPDATE SKIP LOCKED)
 UPDATE sqlaq_jobs j SET status = 'running', attempts = j.attempts + 1, locked_by = %(w)s,
-    lease_token = gen_random_uuid(), run_at = now() + interval '30 seconds'
-FROM c WHERE j.id = c.id
-RETURNING j.id, j.kind, j.payload, j.lease_token
+    lease_token = gen_random_uuid(), run_at = now() + %(lease)s
+FROM c WHERE j.id = c.id AND j.id = ANY(ARRAY(SELECT id FROM c))
+RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.status, j.attempts,
+    j.max_attempts, j.lease_token, j.run_at, j.created_at
 """
 RAW_COMPLETE = """
 UPDATE sqlaq_jobs SET status = 'done', finished_at = now(), lease_token = NULL
 WHERE id = ANY(%(ids)s) AND lease_token = ANY(%(tokens)s) AND status = 'running'
+RETURNING id
 """
 
 
-def raw_baseline(b: Bench, batch: int = 100) -> None:
-    """7. the claim-batch / complete-batch loop in raw psycopg, one connection."""
-    n = 20_000
-    b.reset()
-    with b.engine.begin() as conn:
-        sqlaq.enqueue_many(conn, [NewJob("noop") for _ in range(n)])
-    worker = uuid.uuid4()
-    done = 0
-    with psycopg.connect(b.psycopg_dsn()) as conn:
-        start = time.perf_counter()
-        while True:
-            rows = conn.execute(RAW_CLAIM, {"n": batch, "w": worker}).fetchall()
-            conn.commit()
-            if not rows:
-                break
-            conn.execute(
-                RAW_COMPLETE, {"ids": [r[0] for r in rows], "tokens": [r[3] for r in rows]}
-            )
-            conn.commit()
-            done += len(rows)
-        elapsed = time.perf_counter() - start
-    if done != n:
-        raise RuntimeError(f"raw baseline finished {done} of {n} jobs")
-    b.record(f"raw psycopg loop, batch {batch} (jobs/s)", n / elapsed)
+def raw_loop(dsn: str, in_flight: int) -> int:
+    """Drain the queue the way the worker does, in raw psycopg, and return how many jobs
+    were completed. This thread claims up to ``in_flight`` minus the jobs claimed and not
+    yet completed, per statement (the worker's claim size: its free slots); a second
+    thread, on a second connection, completes everything claimed since its last
+    statement (the worker's writer). Both connections autocommit, as the worker's do."""
+    claimed: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
+    slots = threading.Condition()
+    state = {"in_flight": 0, "done": 0}
+
+    def complete() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while True:
+                batches = [claimed.get()]
+                with suppress(queue.Empty):
+                    while True:
+                        batches.append(claimed.get_nowait())
+                rows = [row for batch in batches if batch for row in batch]
+                if rows:
+                    params = {"ids": [r[0] for r in rows], "tokens": [r[8] for r in rows]}
+                    written = len(conn.execute(RAW_COMPLETE, params).fetchall())
+                    with slots:
+                        state["in_flight"] -= len(rows)
+                        state["done"] += written
+                        slots.notify()
+                if None in batches:
+                    return
+
+    completer = threading.Thread(target=complete, name="raw-completer")
+    completer.start()
+    worker_id = uuid.uuid4()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while True:
+                with slots:
+                    slots.wait_for(lambda: state["in_flight"] < in_flight)
+                    n = in_flight - state["in_flight"]
+                params = {"n": n, "w": worker_id, "lease": DEFAULT_LEASE}
+                rows = conn.execute(RAW_CLAIM, params).fetchall()
+                if not rows:
+                    break
+                with slots:
+                    state["in_flight"] += len(rows)
+                claimed.put(rows)
+    finally:
+        claimed.put(None)
+        completer.join()
+    return state["done"]
 
 
-def ops_loop(b: Bench, batch: int = 100) -> None:
-    """The same loop through sqlaq.claim / sqlaq.complete, one connection."""
-    n = 20_000
-    b.reset()
-    with b.engine.begin() as conn:
-        sqlaq.enqueue_many(conn, [NewJob("noop") for _ in range(n)])
-    worker = uuid.uuid4()
+def raw_baseline(b: Bench) -> None:
+    """7. the claim-batch / complete-batch loop in raw psycopg, at the in-flight bounds
+    (= claim batch sizes) of the drains in (3): the default 10 and the best found."""
+    for in_flight in (10, BEST_CONCURRENCY):
+        b.fill("noop", DRAIN_JOBS)
+        done = raw_loop(b.psycopg_dsn(), in_flight)
+        seconds = b.scalar(
+            "SELECT extract(epoch FROM max(finished_at) - (min(run_at) - :lease)) FROM sqlaq_jobs",
+            lease=DEFAULT_LEASE,
+        )
+        if done != DRAIN_JOBS or b.scalar("SELECT count(*) FROM sqlaq_jobs WHERE status <> 'done'"):
+            raise RuntimeError(f"raw loop finished {done} of {DRAIN_JOBS} jobs")
+        b.record(
+            f"7. raw psycopg loop, {in_flight} in flight (jobs/s)", DRAIN_JOBS / float(seconds)
+        )
+
+
+def ops_loop(b: Bench, batch: int = BEST_CONCURRENCY) -> None:
+    """The same loop through sqlaq.claim / sqlaq.complete on one connection, no worker:
+    how much of the worker's cost is the library's operations."""
+    b.fill("noop", DRAIN_JOBS)
+    worker_id = uuid.uuid4()
     done = 0
     with b.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         start = time.perf_counter()
-        while True:
-            jobs = sqlaq.claim(conn, worker_id=worker, limit=batch)
+        while jobs := sqlaq.claim(conn, worker_id=worker_id, limit=batch):
             conn.commit()
-            if not jobs:
-                break
-            sqlaq.complete(conn, [j.lease for j in jobs])
+            done += len(sqlaq.complete(conn, [j.lease for j in jobs]))
             conn.commit()
-            done += len(jobs)
         elapsed = time.perf_counter() - start
-    if done != n:
-        raise RuntimeError(f"ops loop finished {done} of {n} jobs")
-    b.record(f"sqlaq ops loop, batch {batch} (jobs/s)", n / elapsed)
+    if done != DRAIN_JOBS:
+        raise RuntimeError(f"ops loop finished {done} of {DRAIN_JOBS} jobs")
+    b.record(
+        f"   sqlaq.claim/complete loop, one connection, batch {batch} (jobs/s)", done / elapsed
+    )
 
 
 SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "enqueue_single": enqueue_single,
     "enqueue_bulk": enqueue_bulk,
+    "drain": drain,
     "raw_baseline": raw_baseline,
-    "ops_loop": ops_loop,
+    "drain_sleep": drain_sleep,
+    "thread_ceiling": thread_ceiling,
+    "wakeup": wakeup,
     "claim_latency": claim_latency,
+    "ops_loop": ops_loop,
 }
+
+
+# --- targets -------------------------------------------------------------------------
+
+BEST_DRAIN = f"3. drain no-op, --concurrency {BEST_CONCURRENCY} --log-level warning (jobs/s)"
+RAW_BEST = f"7. raw psycopg loop, {BEST_CONCURRENCY} in flight (jobs/s)"
+RATIOS = {
+    "3/7. sqlaq / raw, defaults (10 in flight)": (
+        "3. drain no-op, defaults, --log-level warning (jobs/s)",
+        "7. raw psycopg loop, 10 in flight (jobs/s)",
+    ),
+    f"3/7. sqlaq / raw, best ({BEST_CONCURRENCY} in flight)": (BEST_DRAIN, RAW_BEST),
+    "6. claim p50, 1M finished / empty table": (
+        "6. claim 10, 1M finished rows: p50 (ms)",
+        "6. claim 10, empty table: p50 (ms)",
+    ),
+}
+# (figure, comparison, bound); a figure not measured in this run is left out.
+TARGETS: list[tuple[str, str, float]] = [
+    (BEST_DRAIN, ">=", 20_000),
+    (f"3/7. sqlaq / raw, best ({BEST_CONCURRENCY} in flight)", ">=", 0.7),
+    (f"4. drain 10 ms handler, concurrency {SLEEP_CONCURRENCY} (jobs/s)", ">=", 8_000),
+    ("2. enqueue_many 20k, NewJobs built (jobs/s)", ">=", 25_000),
+    ("2. enqueue_copy 20k, NewJobs built (jobs/s)", ">=", 50_000),
+    ("5. wake-up, commit to handler start: p50 (ms)", "<", 3),
+    ("5. wake-up, commit to handler start: p99 (ms)", "<", 10),
+    ("6. claim p50, 1M finished / empty table", "<=", 1.5),
+    (f"8. worker peak RSS, 10 ms handler, concurrency {SLEEP_CONCURRENCY} (MiB)", "<", 80),
+]
+
+
+def add_ratios(figures: dict[str, list[float]]) -> None:
+    """Ratios per round (both figures of a ratio come from the same round)."""
+    for name, (top, bottom) in RATIOS.items():
+        if top in figures and bottom in figures:
+            figures[name] = [a / b for a, b in zip(figures[top], figures[bottom], strict=False)]
+
+
+def targets(figures: dict[str, list[float]]) -> list[str]:
+    lines = []
+    for name, op, bound in TARGETS:
+        if name not in figures:
+            continue
+        median = statistics.median(figures[name])
+        met = {">=": median >= bound, "<": median < bound, "<=": median <= bound}[op]
+        lines.append(f"- [{'x' if met else ' '}] {name}: median {median:,.2f} {op} {bound:,}")
+    return lines
 
 
 # --- driver --------------------------------------------------------------------------
@@ -210,6 +573,7 @@ def create_database(server_url: str) -> tuple[str, Engine]:
     engine = create_engine(url)
     with engine.connect() as conn:
         sqlaq.migrations.upgrade(conn)
+        conn.commit()
     return url, engine
 
 
@@ -226,45 +590,73 @@ def table(figures: dict[str, list[float]]) -> str:
         f"| {'figure':<{width}} | median | min | max |",
         f"|{'-' * (width + 2)}|---:|---:|---:|",
     ]
-    for name, values in figures.items():
+    for name in sorted(figures, key=lambda n: n.strip()):
+        values = figures[name]
         med, low, high = statistics.median(values), min(values), max(values)
-        lines.append(f"| {name:<{width}} | {med:,.1f} | {low:,.1f} | {high:,.1f} |")
+        digits = 2 if med < 100 else 0
+        cells = (f"{v:,.{digits}f}" for v in (med, low, high))
+        lines.append(f"| {name:<{width}} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
+def machine_info(server: str, argv: list[str]) -> dict[str, Any]:
+    with psycopg.connect(
+        make_url(server).set(drivername="postgresql").render_as_string(False)
+    ) as c:
+        row = c.execute("SHOW server_version").fetchone()
+    cpu = "?"
+    with suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    return {
+        "command": " ".join(["python", "bench/run.py", *argv]),
+        "python": platform.python_version(),
+        "postgresql": row[0] if row else "?",
+        "sqlalchemy": sqlalchemy.__version__,
+        "psycopg": psycopg.__version__,
+        "psycopg_impl": psycopg.pq.__impl__,
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "machine": platform.machine(),
+        "system": platform.platform(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS))
     parser.add_argument("--json", type=Path, default=Path("bench/results.json"))
     args = parser.parse_args(argv)
     server = os.environ.get("SQLAQ_BENCH_SERVER_URL", DEFAULT_SERVER)
+    info = machine_info(server, argv)
     url, engine = create_database(server)
     bench = Bench(url, engine)
     chosen = args.only or list(SCENARIOS)
+    started = time.perf_counter()
     try:
         for round_ in range(args.rounds):
             for name in chosen:
                 print(f"round {round_ + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
                 SCENARIOS[name](bench)
     finally:
+        for proc in list(bench.workers):  # a scenario that failed half-way
+            with suppress(OSError):
+                proc.kill()
         engine.dispose()
         drop_database(server, url)
-    with psycopg.connect(
-        make_url(server).set(drivername="postgresql").render_as_string(False)
-    ) as c:
-        server_version = c.execute("SHOW server_version").fetchone()
-    info: dict[str, Any] = {
-        "command": " ".join(["python", "bench/run.py", *(argv or sys.argv[1:])]),
-        "python": platform.python_version(),
-        "postgresql": server_version[0] if server_version else "?",
-        "cpus": os.cpu_count(),
-        "machine": platform.machine(),
-    }
-    print(table(bench.figures))
+    info["seconds"] = round(time.perf_counter() - started)
+    figures = bench.figures
+    add_ratios(figures)
+    print(table(figures))
+    print("\nTargets (median of the rounds):")
+    print("\n".join(targets(figures)))
     print(json.dumps(info))
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"info": info, "figures": bench.figures}, indent=2))
+    args.json.write_text(json.dumps({"info": info, "figures": figures}, indent=2) + "\n")
     return 0
 
 

@@ -1,0 +1,79 @@
+"""Handlers for the benchmark's worker processes: ``sqlaq-worker bench.app:registry``.
+
+Each handler notes its run in memory (``list.append``, well under a microsecond, so the
+note does not weigh on the figures) and the notes are written to the file named by
+``SQLAQ_BENCH_LEDGER`` when the process exits: a ``--burst`` worker exits by itself, a
+long-running one on SIGTERM (a graceful stop, so ``atexit`` runs). One line per run:
+``<job id> <kind> <time.time() at the handler's start>``, then ``0 peak_rss_kib <KiB>``.
+The benchmark reads the file to check that every job ran exactly once and, for the
+wake-up scenario, when each handler started (``time.time()`` is one clock for every
+process on the machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import time
+from typing import Any
+
+import sqlaq
+
+LEDGER_VARIABLE = "SQLAQ_BENCH_LEDGER"
+
+registry = sqlaq.Registry()
+_runs: list[tuple[int, str, float]] = []  # appended from many threads: atomic under the GIL
+
+
+@registry.handler("noop")
+def noop(_payload: dict[str, Any]) -> None:
+    """Does nothing: measures the queue, not the work."""
+    _runs.append((sqlaq.current_job().id, "noop", 0.0))
+
+
+@registry.handler("sleep10")
+def sleep10(_payload: dict[str, Any]) -> None:
+    """Waits 10 ms, like a handler waiting on I/O (the GIL is released meanwhile)."""
+    time.sleep(0.010)
+    _runs.append((sqlaq.current_job().id, "sleep10", 0.0))
+
+
+@registry.handler("wake")
+def wake(_payload: dict[str, Any]) -> None:
+    """Notes when it started, for the wake-up latency scenario."""
+    started = time.time()
+    _runs.append((sqlaq.current_job().id, "wake", started))
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set (``VmHWM``), in KiB.
+
+    Read from ``/proc/self/status`` rather than ``getrusage``: a child's ``ru_maxrss``
+    starts from its parent's resident set at ``fork`` (Linux carries it over ``exec``),
+    so a worker started by a large benchmark process would report the benchmark's size.
+    """
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0  # pragma: no cover - not Linux
+
+
+def _write_ledger() -> None:
+    path = os.environ.get(LEDGER_VARIABLE)
+    if not path:
+        return
+    with open(path, "w", encoding="utf-8") as out:
+        out.writelines(f"{job_id} {kind} {started!r}\n" for job_id, kind, started in _runs)
+        out.write(f"0 peak_rss_kib {peak_rss_kib()}\n")
+
+
+atexit.register(_write_ledger)
+
+
+@registry.handler("asleep10")
+async def asleep10(_payload: dict[str, Any]) -> None:
+    """Waits 10 ms on the worker's event loop (an async handler: no thread)."""
+    await asyncio.sleep(0.010)
+    _runs.append((sqlaq.current_job().id, "asleep10", 0.0))
