@@ -326,8 +326,13 @@ def _bulk(
     if args.ids and (args.kind or args.queue):
         raise UsageError(f"{args.command}: --kind and --queue filter bulk runs, not ids")
     done = seen = 0
-    progress = _Progress(verb)
     with engine.connect() as conn:
+        if args.ids:
+            total = len(args.ids)
+        else:
+            count = queries.count_jobs_stmt(statuses=statuses, kind=args.kind, queue=args.queue)
+            total = conn.execute(count).scalar_one()
+        progress = _Progress(verb, total)
         for ids in _bulk_ids(conn, args, statuses):
             seen += len(ids)
             done += len(apply(conn, ids))
@@ -355,8 +360,15 @@ def _prune(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
         JobStatus.FAILED: args.failed_older_than,
     }
     total = 0
-    progress = _Progress("pruned")
     with engine.connect() as conn:
+        expected = sum(
+            conn.execute(
+                queries.count_prunable_stmt(older_than=ages[status], statuses=[status])
+            ).scalar_one()
+            for status in FINISHED_STATUSES
+        )
+        conn.rollback()
+        progress = _Progress("pruned", expected)
         for status in sorted(FINISHED_STATUSES):
             while True:
                 deleted = ops.prune(
@@ -406,22 +418,34 @@ _COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
 
 
 class _Progress:
-    """A one-line counter on stderr, redrawn in place; only when stderr is a terminal."""
+    """A progress bar on stderr, redrawn in place; drawn only when stderr is a terminal.
 
-    def __init__(self, verb: str) -> None:
+    *total* is counted before the work starts; rows that appear meanwhile may take the
+    count past it, so the bar is capped at full.
+    """
+
+    WIDTH = 30
+
+    def __init__(self, verb: str, total: int, stream: TextIO | None = None) -> None:
         self.verb = verb
-        self.active = sys.stderr.isatty()
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.active = self.stream.isatty()
         self.shown = False
 
     def show(self, count: int) -> None:
-        if self.active:
-            sys.stderr.write(f"\r{self.verb} {count:,} job(s)...")
-            sys.stderr.flush()
-            self.shown = True
+        if not self.active:
+            return
+        share = min(1.0, count / self.total) if self.total else 1.0
+        filled = round(share * self.WIDTH)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        self.stream.write(f"\r[{bar}] {count:,}/{self.total:,} {self.verb}")
+        self.stream.flush()
+        self.shown = True
 
     def end(self) -> None:
         if self.shown:
-            sys.stderr.write("\n")
+            self.stream.write("\n")
 
 
 def _print_table(out: TextIO, header: list[str], rows: list[list[str]]) -> None:

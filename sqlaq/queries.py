@@ -72,6 +72,8 @@ __all__ = [
     "claim_params",
     "claim_stmt",
     "complete_stmt",
+    "count_jobs_stmt",
+    "count_prunable_stmt",
     "due_queues_stmt",
     "enqueue_copy_stmt",
     "enqueue_many_stmt",
@@ -511,17 +513,26 @@ def prune_stmt(*, older_than: timedelta, statuses: Collection[JobStatus], limit:
     """
     doomed = (
         select(c.id)
-        .where(
-            _FINISHED,
-            c.status == func.any(bindparam("b_statuses", sorted(statuses), ARRAY(Text))),
-            c.finished_at < _NOW - bindparam("b_older_than", older_than, Interval),
-        )
+        .where(_prunable(older_than, statuses))
         .limit(bindparam("b_limit", limit, Integer))
         .with_for_update(skip_locked=True)
         .cte("doomed")
         .prefix_with("MATERIALIZED")
     )
     return delete(jobs).where(c.id == doomed.c.id)
+
+
+def _prunable(older_than: timedelta, statuses: Collection[JobStatus]) -> ColumnElement[bool]:
+    return and_(
+        _FINISHED,
+        c.status == func.any(bindparam("b_statuses", sorted(statuses), ARRAY(Text))),
+        c.finished_at < _NOW - bindparam("b_older_than", older_than, Interval),
+    )
+
+
+def count_prunable_stmt(*, older_than: timedelta, statuses: Collection[JobStatus]) -> Select[int]:
+    """Count the jobs :func:`prune_stmt` would delete (for a progress bar)."""
+    return select(func.count()).where(_prunable(older_than, statuses))
 
 
 # --- inspection (operators and tests) ---
@@ -585,6 +596,14 @@ def stats_health_stmt() -> Select[Any]:
 def get_job_stmt(*, job_id: int) -> Select[Any]:
     """Select one job, every column, by id."""
     return select(jobs).where(c.id == bindparam("b_id", job_id, BigInteger))
+
+
+def count_jobs_stmt(
+    *, statuses: Collection[JobStatus] = (), kind: str | None = None, queue: str | None = None
+) -> Select[int]:
+    """Count the jobs :func:`find_jobs_stmt` would select with these filters."""
+    found = find_jobs_stmt(statuses=statuses, kind=kind, queue=queue).subquery()
+    return select(func.count()).select_from(found)
 
 
 def find_jobs_stmt(

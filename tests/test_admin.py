@@ -265,3 +265,24 @@ def test_migrate_leaves_a_schema_installed_by_the_hosts_alembic_alone(
     """The suite's database was migrated through alembic.ini, like a host project's."""
     code, out = sqlaq_cmd(database_url, "migrate")
     assert (code, out) == (0, f"sqlaq schema is at {sqlaq.migrations.HEAD} (head): nothing to do\n")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_is_drawn_on_a_terminal_only() -> None:
+    terminal = _Terminal()
+    progress = admin._Progress("pruned", 4000, stream=terminal)
+    progress.show(1000)
+    progress.show(4000)
+    progress.end()
+    frames = terminal.getvalue().split("\r")[1:]
+    assert frames[0] == "[" + "#" * 8 + "-" * 22 + "] 1,000/4,000 pruned"
+    assert frames[1] == "[" + "#" * 30 + "] 4,000/4,000 pruned\n"
+    piped = io.StringIO()
+    quiet = admin._Progress("pruned", 4000, stream=piped)
+    quiet.show(1000)
+    quiet.end()
+    assert piped.getvalue() == ""
