@@ -13,8 +13,12 @@ import asyncio
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from sqlaq.lease import Lease
+
+if TYPE_CHECKING:
+    from sqlaq.ops import ClaimedJob
 
 __all__ = ["JobContext", "current_job"]
 
@@ -68,6 +72,20 @@ class JobContext:
         #: The lease length the worker's heartbeat keeps renewing for this job.
         self.lease_length = lease_length
         self._renew = renew
+
+    @classmethod
+    def for_job(cls, job: ClaimedJob, lease_length: timedelta, renew: LeaseRenewer) -> JobContext:
+        """The context of the claimed *job*, renewing its lease with *renew*."""
+        return cls(
+            id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            lease=job.lease,
+            lease_length=lease_length,
+            renew=renew,
+        )
 
     @property
     def lease(self) -> Lease:

@@ -365,13 +365,20 @@ def complete(
         LeaseLostError: a lease was lost and *raise_on_lost* is true; the other jobs of
             the call were marked done all the same.
     """
+    return _fenced(conn, _COMPLETE, leases, raise_on_lost)
+
+
+def _fenced(
+    conn: Executor, stmt: Any, leases: Lease | Iterable[Lease], raise_on_lost: bool
+) -> list[int]:
+    """Run a fenced statement that returns the ids it changed, over *leases*."""
     held = _as_leases(leases)
     if not held:
         return []
     # Rows, not .scalars(): a ScalarResult rebuilds the result's metadata on each call.
-    done = {row[0] for row in conn.execute(_COMPLETE, queries.fence_params(held))}
-    _check_lost(held, done, raise_on_lost)
-    return [h.job_id for h in held if h.job_id in done]
+    changed = {row[0] for row in conn.execute(stmt, queries.fence_params(held))}
+    _check_lost(held, changed, raise_on_lost)
+    return [h.job_id for h in held if h.job_id in changed]
 
 
 def fail(
@@ -510,9 +517,4 @@ def handback(
         LeaseLostError: a lease was lost and *raise_on_lost* is true; the other jobs of
             the call were handed back all the same.
     """
-    held = _as_leases(leases)
-    if not held:
-        return []
-    handed = set(conn.execute(_HANDBACK, queries.fence_params(held)).scalars())
-    _check_lost(held, handed, raise_on_lost)
-    return [h.job_id for h in held if h.job_id in handed]
+    return _fenced(conn, _HANDBACK, leases, raise_on_lost)

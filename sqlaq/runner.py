@@ -92,17 +92,7 @@ class Run:
         cls, job: ClaimedJob, handler: Handler | None, lease_length: timedelta, renew: LeaseRenewer
     ) -> Run:
         """A run of the claimed *job*, with the context its handler will see."""
-        context = JobContext(
-            id=job.id,
-            kind=job.kind,
-            queue=job.queue,
-            attempt=job.attempt,
-            max_attempts=job.max_attempts,
-            lease=job.lease,
-            lease_length=lease_length,
-            renew=renew,
-        )
-        return cls(job, handler, context)
+        return cls(job, handler, JobContext.for_job(job, lease_length, renew))
 
     def result(self, status: JobStatus | None) -> JobResult:
         """This run as a :class:`JobResult`, once *status* was written (None: lost)."""

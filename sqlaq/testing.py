@@ -122,16 +122,7 @@ def _run(conn: ops.Executor, registry: Registry, job: ops.ClaimedJob) -> Drained
         (lease,) = ops.extend_lease(conn, context.lease, lease=length)
         return lease
 
-    context = JobContext(
-        id=job.id,
-        kind=job.kind,
-        queue=job.queue,
-        attempt=job.attempt,
-        max_attempts=job.max_attempts,
-        lease=job.lease,
-        lease_length=DRAIN_LEASE,
-        renew=renew,
-    )
+    context = JobContext.for_job(job, DRAIN_LEASE, renew)
     token = bind(context)
     try:
         outcome = handler.func(job.payload)
