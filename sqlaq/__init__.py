@@ -17,6 +17,7 @@ from sqlaq.errors import (
     LeaseLostError,
     PermanentError,
     SchemaOutOfDateError,
+    Snooze,
     SqlaqError,
 )
 from sqlaq.lease import Lease
@@ -35,6 +36,7 @@ from sqlaq.ops import (
     handback,
     prune,
     retry,
+    snooze,
 )
 from sqlaq.registry import Handler, Registry
 from sqlaq.schema import JobStatus, jobs, metadata
@@ -58,6 +60,7 @@ __all__ = [
     "PermanentError",
     "Registry",
     "SchemaOutOfDateError",
+    "Snooze",
     "SqlaqError",
     "Worker",
     "WorkerConfig",
@@ -77,4 +80,5 @@ __all__ = [
     "prune",
     "queries",
     "retry",
+    "snooze",
 ]

@@ -7,7 +7,8 @@
     ├── InvalidJobError (ValueError)    enqueue input rejected before any SQL ran
     ├── LeaseLostError                  a fenced update matched no row; .job_ids
     ├── SchemaOutOfDateError            the database is not at sqlaq's head
-    └── PermanentError                  raised by a handler: fail now, no retry
+    ├── PermanentError                  raised by a handler: fail now, no retry
+    └── Snooze                          raised by a handler: run again later, no attempt used
 
 SQLAlchemy's own exceptions (``sqlalchemy.exc.*``) are never wrapped: they carry the
 driver's error in ``.orig``. Only errors with a meaning in the queue's domain are raised
@@ -17,6 +18,7 @@ from here.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 
 
 class SqlaqError(Exception):
@@ -62,3 +64,24 @@ class SchemaOutOfDateError(SqlaqError):
 
 class PermanentError(SqlaqError):
     """Raised by a handler to fail its job at once, without retrying."""
+
+
+class Snooze(SqlaqError):
+    """Raised by a handler to run its job again after *delay*, without using an attempt.
+
+    For work that is not ready yet (a rate-limited API said "later", a file not yet
+    uploaded): the job goes back to ``queued`` at ``now() + delay`` and its attempt is
+    not counted. Nothing is written to ``last_error``.
+
+    Args:
+        delay: How long to wait; a non-negative ``timedelta``.
+
+    Raises:
+        InvalidJobError: *delay* is not a non-negative timedelta.
+    """
+
+    def __init__(self, delay: timedelta) -> None:
+        if not isinstance(delay, timedelta) or delay < timedelta(0):
+            raise InvalidJobError(f"Snooze needs a non-negative datetime.timedelta, got {delay!r}")
+        self.delay = delay
+        super().__init__(f"snoozed for {delay}")

@@ -4,7 +4,7 @@ Series:
 
 * ``sqlaq_jobs_started_total{queue,kind}``: jobs this process started;
 * ``sqlaq_jobs_finished_total{queue,kind,outcome}``: outcome is ``done``, ``retried``,
-  ``failed`` or ``lost`` (the lease was lost and nothing was written);
+  ``snoozed``, ``failed`` or ``lost`` (the lease was lost and nothing was written);
 * ``sqlaq_job_duration_seconds{queue,kind}``: how long handlers ran (histogram);
 * ``sqlaq_queue_depth{queue}``: jobs due now and not running, read from the database at
   scrape time (one grouped query per scrape, never on the worker's hot path).
@@ -90,7 +90,12 @@ class WorkerMetrics:
 
     def job_finished(self, result: JobResult) -> None:
         """Count *result* and observe its duration (a worker's ``on_job_finished``)."""
-        outcome = "lost" if result.status is None else _OUTCOMES[result.status]
+        if result.status is None:
+            outcome = "lost"
+        elif result.status is JobStatus.QUEUED and result.error is None:
+            outcome = "snoozed"
+        else:
+            outcome = _OUTCOMES[result.status]
         self.finished.labels(result.queue, result.kind, outcome).inc()
         self.duration.labels(result.queue, result.kind).observe(result.duration)
 

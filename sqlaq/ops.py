@@ -369,14 +369,19 @@ def complete(
 
 
 def _fenced(
-    conn: Executor, stmt: Any, leases: Lease | Iterable[Lease], raise_on_lost: bool
+    conn: Executor,
+    stmt: Any,
+    leases: Lease | Iterable[Lease],
+    raise_on_lost: bool,
+    params: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Run a fenced statement that returns the ids it changed, over *leases*."""
     held = _as_leases(leases)
     if not held:
         return []
+    values = queries.fence_params(held) | dict(params or {})
     # Rows, not .scalars(): a ScalarResult rebuilds the result's metadata on each call.
-    changed = {row[0] for row in conn.execute(stmt, queries.fence_params(held))}
+    changed = {row[0] for row in conn.execute(stmt, values)}
     _check_lost(held, changed, raise_on_lost)
     return [h.job_id for h in held if h.job_id in changed]
 
@@ -497,6 +502,29 @@ def prune(
 # --- worker support ---
 
 _HANDBACK = queries.handback_stmt(leases=[])
+_SNOOZE = queries.snooze_stmt(leases=[], delay=timedelta(0))
+
+
+def snooze(
+    conn: Executor,
+    leases: Lease | Iterable[Lease],
+    delay: timedelta,
+    *,
+    raise_on_lost: bool = True,
+) -> list[int]:
+    """Queue still-held jobs again at ``now() + delay``, refunding the claim's attempt.
+
+    What a handler's ``raise sqlaq.Snooze(delay)`` becomes.
+
+    Returns:
+        The ids of the jobs snoozed.
+
+    Raises:
+        LeaseLostError: a lease was lost and *raise_on_lost* is true.
+        InvalidJobError: *delay* is negative or not a timedelta.
+    """
+    check_duration("delay", delay)
+    return _fenced(conn, _SNOOZE, leases, raise_on_lost, {"b_delay": delay})
 
 
 def handback(

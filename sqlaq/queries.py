@@ -94,6 +94,7 @@ __all__ = [
     "prune_stmt",
     "retry_stmt",
     "schema_revision_stmt",
+    "snooze_stmt",
     "stats_counts_stmt",
     "stats_health_stmt",
 ]
@@ -655,6 +656,34 @@ def schema_revision_stmt() -> Any:
 # --- worker support ---
 
 
+def _requeued(run_at: ColumnElement[Any]) -> dict[str, Any]:
+    # Back to queued without counting the attempt: for hand-back and snooze.
+    return {
+        "status": _status(JobStatus.QUEUED),
+        "run_at": run_at,
+        "attempts": func.greatest(
+            c.attempts - literal_column("1", Integer), literal_column("0", Integer)
+        ),
+        "locked_by": null(),
+        "lease_token": null(),
+    }
+
+
+def snooze_stmt(*, leases: Collection[Lease], delay: timedelta) -> Update:
+    """Queue held jobs again at ``now() + delay`` without counting the attempt.
+
+    Renders ``UPDATE sqlaq_jobs SET status = 'queued', run_at = now() + :b_delay,
+    attempts = greatest(attempts - 1, 0), locked_by = NULL, lease_token = NULL WHERE
+    <fence> RETURNING id``: what a handler's ``raise sqlaq.Snooze(delay)`` writes.
+    """
+    return (
+        update(jobs)
+        .where(_fence(leases))
+        .values(_requeued(_NOW + bindparam("b_delay", delay, Interval)))
+        .returning(c.id)
+    )
+
+
 def handback_stmt(*, leases: Collection[Lease]) -> Select[int, Any]:
     """Give running jobs back to their queue, due now, with the attempt refunded.
 
@@ -675,15 +704,7 @@ def handback_stmt(*, leases: Collection[Lease]) -> Select[int, Any]:
     handed = (
         update(jobs)
         .where(_fence(leases))
-        .values(
-            status=_status(JobStatus.QUEUED),
-            run_at=_NOW,
-            attempts=func.greatest(
-                c.attempts - literal_column("1", Integer), literal_column("0", Integer)
-            ),
-            locked_by=null(),
-            lease_token=null(),
-        )
+        .values(_requeued(_NOW))
         .returning(c.id, c.queue)
         .cte("handed")
     )

@@ -28,6 +28,7 @@ from typing import Any, cast
 
 from sqlaq.backoff import DEFAULT_BACKOFF
 from sqlaq.context import JobContext, LeaseRenewer, bind, unbind
+from sqlaq.errors import Snooze
 from sqlaq.ops import ClaimedJob
 from sqlaq.registry import Handler
 from sqlaq.schema import JobStatus
@@ -75,6 +76,7 @@ class Run:
         error: Set when the attempt failed: the error summary for ``last_error``.
         retry_in: Set with *error* when the policy retries: the delay before the next
             attempt.
+        snooze: Set when the handler raised :class:`~sqlaq.Snooze`: the delay.
         duration: Seconds the handler ran.
         lost: The lease was found lost while it ran: its outcome must not be written.
     """
@@ -84,6 +86,7 @@ class Run:
     context: JobContext
     error: str | None = None
     retry_in: timedelta | None = None
+    snooze: timedelta | None = None
     duration: float = 0.0
     lost: bool = False
 
@@ -120,6 +123,10 @@ class Run:
         if status is JobStatus.DONE:
             log.info("job done", extra=extra)
             return
+        if self.snooze is not None:
+            extra["snooze"] = self.snooze.total_seconds()
+            log.info("job snoozed", extra=extra)
+            return
         extra["error"] = (self.error or "").partition("\n")[0]
         if status is JobStatus.QUEUED:
             extra["retry_in"] = self.retry_in.total_seconds() if self.retry_in else 0.0
@@ -128,7 +135,11 @@ class Run:
             log.info("job failed", extra=extra)
 
     def fail(self, error: BaseException) -> None:
-        """Record *error* as this attempt's failure, with the policy's retry delay."""
+        """Record *error* as this attempt's failure, with the policy's retry delay; a
+        :class:`~sqlaq.Snooze` is recorded as a snooze, not a failure."""
+        if isinstance(error, Snooze):
+            self.snooze = error.delay
+            return
         self.error = describe_error(error)
         if self.handler is None or self.job.attempt >= self.job.max_attempts:
             return  # no attempts left: the fail statement would not retry anyway

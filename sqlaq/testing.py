@@ -30,6 +30,7 @@ from sqlalchemy import Row
 
 from sqlaq import ops, queries
 from sqlaq.context import JobContext, bind, unbind
+from sqlaq.errors import Snooze
 from sqlaq.lease import Lease
 from sqlaq.registry import Registry
 from sqlaq.runner import describe_error
@@ -128,6 +129,9 @@ def _run(conn: ops.Executor, registry: Registry, job: ops.ClaimedJob) -> Drained
         outcome = handler.func(job.payload)
         if inspect.isawaitable(outcome):
             asyncio.run(_await(outcome))
+    except Snooze as snoozed:
+        ops.snooze(conn, context.lease, snoozed.delay)
+        return DrainedJob(job.id, job.kind, job.payload, job.attempt, JobStatus.QUEUED)
     except Exception as exc:
         error = describe_error(exc)
         retry_in = handler.retry_in(job.attempt, exc)

@@ -387,7 +387,7 @@ class Worker:
         found by the fence (the statement matches no row) and reported as None.
         """
         written: _Written = []
-        successes = [r for r in runs if r.error is None and not r.lost]
+        successes = [r for r in runs if r.error is None and r.snooze is None and not r.lost]
         if successes:
             leases = [r.context.lease for r in successes]
             done = set(ops.complete(conn, leases, raise_on_lost=False))
@@ -399,6 +399,9 @@ class Worker:
                 lease, error, retry_in = run.context.lease, run.error, run.retry_in
                 status = ops.fail(conn, lease, error, retry_in=retry_in, raise_on_lost=False)
                 written.append((run, status))
+            elif run.snooze is not None:
+                snoozed = ops.snooze(conn, run.context.lease, run.snooze, raise_on_lost=False)
+                written.append((run, JobStatus.QUEUED if snoozed else None))
         return written
 
     def _settle(self, written: _Written) -> None:

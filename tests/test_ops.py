@@ -363,3 +363,22 @@ def test_operations_never_commit(engine: object) -> None:
             ).scalar_one()
             == 0
         )
+
+
+def test_snooze_requeues_later_without_using_the_attempt(conn: Connection) -> None:
+    sqlaq.enqueue(conn, "k", max_attempts=1)
+    job = claim_one(conn)
+    assert sqlaq.snooze(conn, job.lease, timedelta(minutes=2)) == [job.id]
+    row = job_row(conn, job.id)
+    assert (row.status, row.attempts, row.lease_token, row.last_error) == ("queued", 0, None, None)
+    delay = conn.execute(
+        text("SELECT run_at - now() FROM sqlaq_jobs WHERE id = :id"), {"id": job.id}
+    ).scalar_one()
+    assert delay == timedelta(minutes=2)
+    # Fenced like the others: the old lease cannot snooze (or complete) the job again.
+    with pytest.raises(sqlaq.LeaseLostError):
+        sqlaq.snooze(conn, job.lease, timedelta(0))
+    with pytest.raises(sqlaq.InvalidJobError, match="delay must be zero or more"):
+        sqlaq.snooze(conn, job.lease, timedelta(seconds=-1))
+    with pytest.raises(sqlaq.InvalidJobError, match="non-negative"):
+        sqlaq.Snooze(timedelta(seconds=-1))

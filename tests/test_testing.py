@@ -90,3 +90,18 @@ def test_assert_enqueued_matches_kind_payload_subset_and_count(engine: Engine) -
         with pytest.raises(AssertionError, match="kind 'other'"):
             assert_enqueued(session, "other")
         session.rollback()
+
+
+def test_drain_writes_a_snooze_without_using_the_attempt(conn: Connection) -> None:
+    registry = sqlaq.Registry()
+
+    @registry.handler("not_yet")
+    def not_yet(payload: dict[str, Any]) -> None:
+        raise sqlaq.Snooze(timedelta(minutes=1))
+
+    job_id = sqlaq.enqueue(conn, "not_yet").job_id
+    (result,) = drain(conn, registry)
+    assert result.status is JobStatus.QUEUED
+    assert result.error is None
+    row = job_row(conn, job_id)
+    assert (row.status, row.attempts, row.last_error) == ("queued", 0, None)

@@ -422,6 +422,34 @@ def test_failing_twice_then_succeeding_ends_done_on_attempt_3(committed: Engine)
 
 
 @pytest.mark.timeout(30)
+def test_snoozing_handler_runs_again_later_without_using_attempts(committed: Engine) -> None:
+    registry = sqlaq.Registry()
+    recorder = Recorder()
+    attempts_seen: list[int] = []
+
+    @registry.handler("not_yet")
+    def not_yet(payload: dict[str, Any]) -> None:
+        attempts_seen.append(sqlaq.current_job().attempt)
+        if len(attempts_seen) < 3:
+            raise sqlaq.Snooze(timedelta(milliseconds=100))
+
+    job_id = enqueue(committed, "not_yet", max_attempts=1)
+    worker = sqlaq.Worker(
+        committed,
+        registry,
+        poll_interval=timedelta(milliseconds=50),
+        on_job_finished=recorder.finished,
+    )
+    with running(worker):
+        results = recorder.wait_for(3)
+    assert [r.status for r in results] == [sqlaq.JobStatus.QUEUED] * 2 + [sqlaq.JobStatus.DONE]
+    # Every run was attempt 1: a snooze gives the attempt back (max_attempts=1 still ran).
+    assert attempts_seen == [1, 1, 1]
+    row = job(committed, job_id)
+    assert (row.status, row.attempts, row.last_error) == ("done", 1, None)
+
+
+@pytest.mark.timeout(30)
 def test_retry_decisions_follow_the_handler_policy(committed: Engine) -> None:
     registry = sqlaq.Registry()
     recorder = Recorder()
