@@ -15,6 +15,8 @@ Design decisions written down here:
   same predicate.
 * The finished index (``finished_at`` on done/failed/cancelled rows) serves retention, so
   pruning a table of millions of finished rows never scans the table.
+* The running index (``kind, run_at`` over running rows: a handful, whatever the
+  backlog) lets a claim of a concurrency-limited kind count its live leases cheaply.
 * Status literals in predicates are inlined, never bound: a prepared ``ON CONFLICT ...
   WHERE status IN ($1, $2)`` stops matching the partial index once PostgreSQL switches
   to a generic plan.
@@ -37,7 +39,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 
 TABLE_NAME = "sqlaq_jobs"
 #: The NOTIFY channel the insert trigger signals, with the job's queue as payload.
@@ -45,6 +47,12 @@ CHANNEL = "sqlaq_jobs"
 CLAIM_INDEX = "sqlaq_jobs_claim_idx"
 DEDUPE_INDEX = "sqlaq_jobs_dedupe_idx"
 FINISHED_INDEX = "sqlaq_jobs_finished_idx"
+RUNNING_INDEX = "sqlaq_jobs_running_idx"
+RATES_TABLE = "sqlaq_rates"
+PERIODIC_TABLE = "sqlaq_periodic"
+#: The NOTIFY channel :func:`sqlaq.cancel` signals, with the id of a running job it
+#: cancelled as payload, so the worker running it is told at once.
+CANCEL_CHANNEL = "sqlaq_cancel"
 NOTIFY_FUNCTION = "sqlaq_jobs_notify"
 NOTIFY_TRIGGER = "sqlaq_jobs_notify_trg"
 #: A SQL function that returns the schema's sqlaq revision (each revision replaces it).
@@ -57,6 +65,7 @@ VERSION_TABLE = "sqlaq_alembic_version"
 #: them for the planner to use them.
 PENDING_SQL = "status IN ('queued', 'running')"
 FINISHED_SQL = "status IN ('done', 'failed', 'cancelled')"
+RUNNING_SQL = "status = 'running'"
 DEDUPE_SQL = f"{PENDING_SQL} AND dedupe_key IS NOT NULL"
 
 DEFAULT_QUEUE = "default"
@@ -121,6 +130,8 @@ jobs = Table(
     Column("dedupe_key", Text),
     Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
     Column("finished_at", TIMESTAMP(timezone=True)),
+    # When the current (or last) attempt started: the claim's now().
+    Column("attempted_at", TIMESTAMP(timezone=True)),
     CheckConstraint(
         "status IN ('queued', 'running', 'done', 'failed', 'cancelled')", name="status"
     ),
@@ -141,4 +152,28 @@ jobs = Table(
         postgresql_where=text(DEDUPE_SQL),
     ),
     Index(FINISHED_INDEX, "finished_at", postgresql_where=text(FINISHED_SQL)),
+    Index(RUNNING_INDEX, "kind", "run_at", postgresql_where=text(RUNNING_SQL)),
+)
+
+#: The recent starts of each rate-limited kind (a sliding-window log, at most the rate's
+#: count of timestamps per row), read and trimmed under the kind's claim lock.
+rates = Table(
+    RATES_TABLE,
+    metadata,
+    Column("kind", Text, primary_key=True),
+    Column(
+        "starts",
+        ARRAY(TIMESTAMP(timezone=True)),
+        nullable=False,
+        server_default=text("'{}'::timestamp with time zone[]"),
+    ),
+)
+
+#: The last schedule slot enqueued for each periodic job (see :mod:`sqlaq.periodic`).
+periodic = Table(
+    PERIODIC_TABLE,
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("last_slot", TIMESTAMP(timezone=True), nullable=False),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
 )

@@ -31,6 +31,9 @@ from sqlaq.schema import (
     CLAIM_INDEX,
     DEDUPE_INDEX,
     FINISHED_INDEX,
+    PERIODIC_TABLE,
+    RATES_TABLE,
+    RUNNING_INDEX,
     TABLE_NAME,
     VERSION_TABLE,
 )
@@ -58,7 +61,7 @@ __all__ = [
 
 #: The newest shipped revision: what this sqlaq needs. A test pins it to the head of the
 #: revision files, so it cannot drift from them.
-HEAD = "sqlaq_0001"
+HEAD = "sqlaq_0002"
 #: The branch label of sqlaq's revisions: ``alembic downgrade sqlaq@base``.
 BRANCH = "sqlaq"
 #: For a host's ``version_locations`` (needs ``path_separator = space`` or similar).
@@ -66,8 +69,8 @@ VERSION_LOCATION = "sqlaq:migrations/versions"
 #: The standalone environment (this package, with its own env.py).
 SCRIPT_LOCATION = "sqlaq:migrations"
 
-_OWN_TABLES = frozenset({TABLE_NAME, VERSION_TABLE})
-_OWN_INDEXES = frozenset({CLAIM_INDEX, DEDUPE_INDEX, FINISHED_INDEX})
+_OWN_TABLES = frozenset({TABLE_NAME, RATES_TABLE, PERIODIC_TABLE, VERSION_TABLE})
+_OWN_INDEXES = frozenset({CLAIM_INDEX, DEDUPE_INDEX, FINISHED_INDEX, RUNNING_INDEX})
 
 
 def include_name(name: str | None, type_: str, parent_names: Mapping[str, Any]) -> bool:
@@ -98,7 +101,7 @@ def standalone_config(url: str | None = None, *, connection: Connection | None =
 
 
 def head_revision() -> str:
-    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0001"`` (:data:`HEAD`)."""
+    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0002"`` (:data:`HEAD`)."""
     return HEAD
 
 
