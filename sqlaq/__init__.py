@@ -21,12 +21,15 @@ from sqlaq.errors import (
     SqlaqError,
 )
 from sqlaq.lease import Lease
+from sqlaq.limits import Rate
 from sqlaq.models import Job
 from sqlaq.ops import (
     ClaimedJob,
     EnqueueResult,
+    LimitedClaim,
     cancel,
     claim,
+    claim_limited,
     complete,
     enqueue,
     enqueue_copy,
@@ -37,7 +40,9 @@ from sqlaq.ops import (
     prune,
     retry,
     snooze,
+    sweep,
 )
+from sqlaq.periodic import Periodic, enqueue_periodic
 from sqlaq.registry import Handler, Registry
 from sqlaq.schema import JobStatus, jobs, metadata
 from sqlaq.worker import JobResult, Worker
@@ -56,8 +61,11 @@ __all__ = [
     "JobStatus",
     "Lease",
     "LeaseLostError",
+    "LimitedClaim",
     "NewJob",
+    "Periodic",
     "PermanentError",
+    "Rate",
     "Registry",
     "SchemaOutOfDateError",
     "Snooze",
@@ -66,11 +74,13 @@ __all__ = [
     "WorkerConfig",
     "cancel",
     "claim",
+    "claim_limited",
     "complete",
     "current_job",
     "enqueue",
     "enqueue_copy",
     "enqueue_many",
+    "enqueue_periodic",
     "extend_lease",
     "fail",
     "handback",
@@ -81,4 +91,5 @@ __all__ = [
     "queries",
     "retry",
     "snooze",
+    "sweep",
 ]

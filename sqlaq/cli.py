@@ -36,8 +36,11 @@ from sqlaq.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE_PERIOD,
     DEFAULT_LEASE,
+    DEFAULT_MAINTENANCE_INTERVAL,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_QUEUES,
+    DEFAULT_RETAIN_DONE,
+    DEFAULT_RETAIN_FAILED,
     WorkerConfig,
 )
 from sqlaq.errors import ConfigError, SchemaOutOfDateError
@@ -182,6 +185,18 @@ _OPTIONS = (
             parse_bool, False, kind="bool"),
     _Option("--listen", "SQLAQ_LISTEN", "wake on NOTIFY (--no-listen: poll only)",
             parse_bool, True, kind="bool"),
+    _Option("--maintenance", "SQLAQ_MAINTENANCE", "enqueue periodic jobs and take part "
+            "in the leader election for pruning and the lease sweep",
+            parse_bool, True, kind="bool"),
+    _Option("--maintenance-interval", "SQLAQ_MAINTENANCE_INTERVAL", "how often "
+            "maintenance runs (and how soon a new leader takes over)",
+            parse_duration, DEFAULT_MAINTENANCE_INTERVAL, metavar=_DURATION),
+    _Option("--retain-done", "SQLAQ_RETAIN_DONE", "the leader deletes done and "
+            "cancelled jobs finished longer ago",
+            parse_duration, DEFAULT_RETAIN_DONE, metavar=_DURATION),
+    _Option("--retain-failed", "SQLAQ_RETAIN_FAILED", "the leader deletes failed jobs "
+            "finished longer ago",
+            parse_duration, DEFAULT_RETAIN_FAILED, metavar=_DURATION),
     _Option("--metrics-port", "SQLAQ_METRICS_PORT", "serve Prometheus /metrics on this "
             "port (needs sqlaq[prometheus]); 0: off",
             _parse_int, 0, metavar="PORT"),
@@ -267,7 +282,19 @@ def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Wor
         raise UsageError(
             "no database URL: pass --database-url or set SQLAQ_DATABASE_URL (or DATABASE_URL)"
         )
-    names = ("queues", "concurrency", "lease", "poll_interval", "grace_period", "burst", "listen")
+    names = (
+        "queues",
+        "concurrency",
+        "lease",
+        "poll_interval",
+        "grace_period",
+        "burst",
+        "listen",
+        "maintenance",
+        "maintenance_interval",
+        "retain_done",
+        "retain_failed",
+    )
     try:
         config = WorkerConfig(**{name: values[name] for name in names})
     except ConfigError as exc:

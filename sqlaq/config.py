@@ -22,8 +22,11 @@ __all__ = [
     "DEFAULT_CONCURRENCY",
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_LEASE",
+    "DEFAULT_MAINTENANCE_INTERVAL",
     "DEFAULT_POLL_INTERVAL",
     "DEFAULT_QUEUES",
+    "DEFAULT_RETAIN_DONE",
+    "DEFAULT_RETAIN_FAILED",
     "WorkerConfig",
 ]
 
@@ -35,6 +38,13 @@ DEFAULT_CONCURRENCY = 10
 DEFAULT_POLL_INTERVAL = timedelta(seconds=5)
 #: How long a stopping worker lets running jobs finish before handing them back.
 DEFAULT_GRACE_PERIOD = timedelta(seconds=30)
+#: How often the maintenance thread runs: periodic jobs are also enqueued at each slot
+#: boundary, whatever the interval; the leader prunes and sweeps once per interval.
+DEFAULT_MAINTENANCE_INTERVAL = timedelta(seconds=60)
+#: The leader deletes done and cancelled jobs this long after they finished...
+DEFAULT_RETAIN_DONE = timedelta(days=7)
+#: ... and failed jobs this long after (kept longer: someone may want to retry them).
+DEFAULT_RETAIN_FAILED = timedelta(days=30)
 #: Upper bound of concurrency: each sync slot is a thread.
 MAX_CONCURRENCY = 10_000
 
@@ -57,6 +67,14 @@ class WorkerConfig:
         burst: Run what is due, then stop (instead of waiting for more).
         listen: Wake on ``NOTIFY`` through a dedicated LISTEN connection. Without it the
             worker relies on polling alone.
+        maintenance: Run the maintenance thread: enqueue the registry's periodic jobs,
+            and take part in the leader election for retention and the expired-lease
+            sweep. Off in burst mode whatever this says.
+        maintenance_interval: How often the maintenance thread wakes (periodic jobs
+            are also enqueued at each slot boundary), and so how soon another worker
+            takes over from a leader that died.
+        retain_done: The leader deletes done and cancelled jobs finished longer ago.
+        retain_failed: The leader deletes failed jobs finished longer ago.
 
     Raises:
         ConfigError: an option has an unusable type or value; the message names it.
@@ -69,6 +87,10 @@ class WorkerConfig:
     grace_period: timedelta = DEFAULT_GRACE_PERIOD
     burst: bool = False
     listen: bool = True
+    maintenance: bool = True
+    maintenance_interval: timedelta = DEFAULT_MAINTENANCE_INTERVAL
+    retain_done: timedelta = DEFAULT_RETAIN_DONE
+    retain_failed: timedelta = DEFAULT_RETAIN_FAILED
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queues", _check_queues(self.queues))
@@ -76,7 +98,12 @@ class WorkerConfig:
         _check_duration("lease", self.lease, minimum=timedelta(milliseconds=100))
         _check_duration("poll_interval", self.poll_interval, minimum=timedelta(milliseconds=10))
         _check_duration("grace_period", self.grace_period, minimum=timedelta(0))
-        for name in ("burst", "listen"):
+        _check_duration(
+            "maintenance_interval", self.maintenance_interval, minimum=timedelta(milliseconds=10)
+        )
+        _check_duration("retain_done", self.retain_done, minimum=timedelta(0))
+        _check_duration("retain_failed", self.retain_failed, minimum=timedelta(0))
+        for name in ("burst", "listen", "maintenance"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 

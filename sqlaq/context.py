@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from contextvars import ContextVar, Token
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from sqlaq.lease import Lease
@@ -38,12 +38,15 @@ class JobContext:
         queue: The queue it was claimed from.
         attempt: This attempt's number (1 for the first run).
         max_attempts: How many attempts it may have in all.
+        attempted_at: When this attempt started (the claim's ``now()``, database clock).
     """
 
     __slots__ = (
+        "_cancelled",
         "_lease",
         "_renew",
         "attempt",
+        "attempted_at",
         "id",
         "kind",
         "lease_length",
@@ -62,6 +65,7 @@ class JobContext:
         lease: Lease,
         lease_length: timedelta,
         renew: LeaseRenewer,
+        attempted_at: datetime | None = None,
     ) -> None:
         self.id = id
         self.kind = kind
@@ -72,6 +76,8 @@ class JobContext:
         #: The lease length the worker's heartbeat keeps renewing for this job.
         self.lease_length = lease_length
         self._renew = renew
+        self.attempted_at = attempted_at
+        self._cancelled = False
 
     @classmethod
     def for_job(cls, job: ClaimedJob, lease_length: timedelta, renew: LeaseRenewer) -> JobContext:
@@ -85,12 +91,28 @@ class JobContext:
             lease=job.lease,
             lease_length=lease_length,
             renew=renew,
+            attempted_at=job.attempted_at,
         )
 
     @property
     def lease(self) -> Lease:
         """The job's current lease, with the end last written by a renewal."""
         return self._lease
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled (``sqlaq.cancel``) while it runs.
+
+        The worker learns it from the cancel's NOTIFY at once, or from its next lease
+        renewal when the notification was missed. The result will not be written
+        whatever the handler does now, so a long handler should check this between
+        steps and return early. Nothing interrupts the handler for it.
+        """
+        return self._cancelled
+
+    def _set_cancelled(self) -> None:
+        # Called by the worker (another thread): one attribute store, atomic.
+        self._cancelled = True
 
     def _set_lease(self, lease: Lease) -> None:
         # Called by the worker's heartbeat (another thread): one attribute store, atomic.

@@ -44,22 +44,27 @@ class Heartbeat:
         """True once the next renewal is due."""
         return monotonic() >= self.next
 
-    def extend(self, conn: Connection, runs: Sequence[Run]) -> dict[int, Lease]:
+    def extend(self, conn: Connection, runs: Sequence[Run]) -> dict[int, Lease | None]:
         """Renew the lease of each of *runs*: one statement per lease length.
 
         Returns:
-            The renewed leases by job id; a lost lease is absent.
+            The renewed leases by job id; None for a job found cancelled (so the worker
+            knows even when it missed the cancel's NOTIFY); a lease lost otherwise is
+            absent.
         """
         groups: dict[timedelta, list[Lease]] = {}
         for run in runs:
             groups.setdefault(run.context.lease_length, []).append(run.context.lease)
-        renewed: dict[int, Lease] = {}
+        renewed: dict[int, Lease | None] = {}
         for length, leases in groups.items():
             for lease in ops.extend_lease(conn, leases, lease=length, raise_on_lost=False):
                 renewed[lease.job_id] = lease
+        lost = [run.job.id for run in runs if run.job.id not in renewed]
+        if lost:  # rare: find which were cancelled
+            renewed.update(dict.fromkeys(ops.cancelled_among(conn, lost)))
         return renewed
 
-    def apply(self, runs: Sequence[Run], renewed: dict[int, Lease]) -> None:
+    def apply(self, runs: Sequence[Run], renewed: dict[int, Lease | None]) -> None:
         """After commit: hand each run its renewed lease, or mark it lost; schedule the
         next renewal."""
         self.next = monotonic() + self.interval
@@ -67,6 +72,13 @@ class Heartbeat:
             lease = renewed.get(run.job.id)
             if lease is not None:
                 run.context._set_lease(lease)
+                continue
+            if run.lost:
+                continue  # already known (a cancel's NOTIFY)
+            if run.job.id in renewed:
+                run.lost = True
+                run.context._set_cancelled()
+                _log.info("job cancelled while running", extra=run.log_extra())
                 continue
             # Cancelled, or expired and claimed again: whatever the handler returns now
             # must not be written (the fence would refuse it anyway).

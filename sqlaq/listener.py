@@ -3,7 +3,7 @@
 This module owns one raw psycopg connection in autocommit, outside any SQLAlchemy pool
 (a pooled connection would be reset, and a LISTEN lost, on return), and one daemon
 thread that waits on it with ``conn.notifies(timeout=...)``. Each notification's payload
-is handed to a callback; what it means is the caller's business.
+is handed to a callback with its channel; what it means is the caller's business.
 
 When the connection dies (the server restarted, the backend was terminated) the thread
 reconnects with exponential backoff (tenacity), LISTENs again, and then calls the
@@ -28,8 +28,9 @@ __all__ = ["Listener", "connection_params"]
 
 _log = logging.getLogger(__name__)
 
-#: Called with a notification's payload, or with None right after (re)connecting.
-OnNotify = Callable[[str | None], None]
+#: Called with a notification's channel and payload, or with (None, None) right after
+#: (re)connecting.
+OnNotify = Callable[[str | None, str | None], None]
 
 DEFAULT_APPLICATION_NAME = "sqlaq-listener"
 # How long one wait for notifications lasts: the bound on how late stop() is noticed.
@@ -68,8 +69,9 @@ class Listener:
     Args:
         params: psycopg ``connect()`` keyword arguments (see :func:`connection_params`).
         statement: The LISTEN statement to run on each (re)connection.
-        on_notify: Called (in the listener's thread) with each notification's payload,
-            and with None after each successful (re)connection. Keep it quick.
+        on_notify: Called (in the listener's thread) with each notification's channel
+            and payload, and with (None, None) after each successful (re)connection.
+            Keep it quick.
         max_backoff: The longest wait between reconnection attempts.
     """
 
@@ -150,13 +152,13 @@ class Listener:
         self.listening.set()
         _log.info("listening for notifications")
         # Whatever was notified while we were not listening is lost: look once.
-        self._on_notify(None)
+        self._on_notify(None, None)
         return conn
 
     def _listen(self, conn: psycopg.Connection[Any]) -> None:
         while not self._stopping.is_set():
             for notification in conn.notifies(timeout=_WAIT_SECONDS):
-                self._on_notify(notification.payload)
+                self._on_notify(notification.channel, notification.payload)
 
     def _sleep(self, seconds: float) -> None:
         self._stopping.wait(seconds)

@@ -28,6 +28,7 @@ from sqlaq import queries
 from sqlaq.encoding import NewJob, check_duration, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError
 from sqlaq.lease import Lease
+from sqlaq.limits import Rate, allowance, recent_starts
 from sqlaq.schema import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
@@ -55,6 +56,10 @@ _NIL_LEASE = Lease(0, _NIL, _NIL, 0, datetime.min)
 _ENQUEUE = queries.enqueue_stmt(job=NewJob("_"))
 _ENQUEUE_DEDUPE = queries.enqueue_stmt(job=NewJob("_", dedupe_key="_"))
 _CLAIM = queries.claim_stmt(queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE)
+_CLAIM_KIND = queries.claim_stmt(queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, kind="_")
+_CLAIM_EXCLUDING = queries.claim_stmt(
+    queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, exclude_kinds=["_"]
+)
 _EXTEND = queries.extend_lease_stmt(leases=[], lease=DEFAULT_LEASE)
 _COMPLETE = queries.complete_stmt(leases=[])
 _FAIL = queries.fail_stmt(lease=_NIL_LEASE, error="", retry_in=None)
@@ -87,6 +92,7 @@ class ClaimedJob:
         max_attempts: How many attempts it may have in all.
         created_at: When it was enqueued (database clock).
         lease: Pass it to complete, fail and extend_lease.
+        attempted_at: When this attempt started: the claim's ``now()``.
     """
 
     id: int
@@ -98,6 +104,7 @@ class ClaimedJob:
     max_attempts: int
     created_at: datetime
     lease: Lease
+    attempted_at: datetime | None = None
 
 
 def enqueue(
@@ -257,6 +264,7 @@ def claim(
     queue: str = DEFAULT_QUEUE,
     limit: int = 1,
     lease: timedelta = DEFAULT_LEASE,
+    exclude_kinds: Collection[str] = (),
 ) -> list[ClaimedJob]:
     """Claim up to *limit* due jobs of *queue* for *worker_id*, highest priority first.
 
@@ -268,18 +276,118 @@ def claim(
 
     The claim takes effect when the caller commits; keep that transaction short.
 
+    Args:
+        exclude_kinds: Kinds not to claim: the limited kinds, which only
+            :func:`claim_limited` may claim.
+
     Raises:
         ConfigError: *limit* is not a positive int.
         InvalidJobError: *lease* is not a positive timedelta, or *queue* is not a name.
     """
+    _check_claim(queue, limit, lease)
+    if exclude_kinds:
+        kinds = _check_kinds(exclude_kinds)
+        params = queries.claim_params(
+            queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=kinds
+        )
+        return _claimed(conn.execute(_CLAIM_EXCLUDING, params).all(), worker_id)
+    params = queries.claim_params(queue=queue, worker_id=worker_id, limit=limit, lease=lease)
+    return _claimed(conn.execute(_CLAIM, params).all(), worker_id)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitedClaim:
+    """What :func:`claim_limited` claimed, and what held it back.
+
+    Attributes:
+        jobs: The claimed jobs.
+        full: The kind's concurrency limit is reached: claim it again once a job of
+            it ends (or at the next poll, for jobs other workers run).
+        rate_wait: The rate held jobs back: how long until it lets the next one start.
+            None when the rate is not what stopped the claim.
+    """
+
+    jobs: list[ClaimedJob]
+    full: bool = False
+    rate_wait: timedelta | None = None
+
+
+def claim_limited(
+    conn: Executor,
+    *,
+    worker_id: UUID,
+    kind: str,
+    queue: str = DEFAULT_QUEUE,
+    limit: int = 1,
+    lease: timedelta = DEFAULT_LEASE,
+    concurrency: int | None = None,
+    rate: Rate | str | None = None,
+) -> LimitedClaim:
+    """Claim due jobs of one *kind* of *queue* within the kind's global limits.
+
+    At most *concurrency* jobs of *kind* hold a live lease at once, and at most
+    ``rate.count`` start in any window of ``rate.period``, whatever the number of
+    workers: the claim takes the kind's advisory lock, reads its live leases and its
+    start log, claims what the limits allow (up to *limit*), and logs the new starts
+    (see :mod:`sqlaq.limits`). Jobs held back stay queued and keep their attempts.
+
+    It must run in a transaction (not in autocommit): the lock is held until the caller
+    commits, and the next claim of the kind waits for it. Commit at once.
+
+    Raises:
+        ConfigError: *limit* or *concurrency* is not a positive int, or *rate* is not
+            a rate.
+        InvalidJobError: *lease* is not a positive timedelta, or *queue* or *kind* is
+            not a name.
+    """
+    _check_claim(queue, limit, lease)
+    check_name("kind", kind)
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise ConfigError(f"concurrency must be a positive int, got {concurrency!r}")
+    if isinstance(rate, str):
+        rate = Rate.parse(rate)
+    conn.execute(queries.lock_kind_stmt(kind=kind))
+    running, starts, now = conn.execute(queries.kind_limit_state_stmt(kind=kind)).one()
+    recent = recent_starts(starts, rate, now) if rate is not None else []
+    allowed = allowance(
+        limit, concurrency=concurrency, running=running, rate=rate, recent=recent, now=now
+    )
+    jobs: list[ClaimedJob] = []
+    if allowed.count:
+        params = queries.claim_params(
+            queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
+        )
+        jobs = _claimed(conn.execute(_CLAIM_KIND, params).all(), worker_id)
+    if rate is not None and (jobs or len(recent) != len(starts or ())):
+        log = (recent + [now] * len(jobs))[-rate.count :]
+        conn.execute(queries.record_starts_stmt(kind=kind, starts=log))
+    return LimitedClaim(jobs, allowed.full, allowed.rate_wait)
+
+
+def _check_claim(queue: str, limit: int, lease: timedelta) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigError(f"limit must be a positive int, got {limit!r}")
     check_duration("lease", lease, allow_zero=False)
     check_name("queue", queue)
-    params = queries.claim_params(queue=queue, worker_id=worker_id, limit=limit, lease=lease)
-    rows = conn.execute(_CLAIM, params).all()
-    # Positional unpacking, in queries.CLAIM_COLUMNS order: attribute access by name on
-    # Row costs several times more, and a worker claims thousands of rows a second.
+
+
+def _check_kinds(kinds: Collection[str]) -> list[str]:
+    if isinstance(kinds, str):
+        raise InvalidJobError(f"kinds must be a collection of names, not a str: {kinds!r}")
+    for kind in kinds:
+        check_name("kind", kind)
+    return sorted(kinds)
+
+
+def _claimed(rows: Sequence[Any], worker_id: UUID) -> list[ClaimedJob]:
+    """Claimed rows (in queries.CLAIM_COLUMNS order) as ClaimedJobs, in claim order.
+
+    A row the claim marked failed (its lease expired on the last attempt) is left out.
+    """
+    # Positional unpacking: attribute access by name on Row costs several times more,
+    # and a worker claims thousands of rows a second.
     claimed = [
         ClaimedJob(
             job_id,
@@ -291,6 +399,7 @@ def claim(
             max_attempts,
             created_at,
             Lease(job_id, worker_id, token, attempts, run_at),
+            attempted_at,
         )
         for (
             job_id,
@@ -304,6 +413,7 @@ def claim(
             token,
             run_at,
             created_at,
+            attempted_at,
         ) in rows
         if status == "running"
     ]
@@ -451,13 +561,41 @@ def cancel(conn: Executor, job_ids: int | Iterable[int]) -> list[int]:
     """Cancel queued or running jobs.
 
     A running job's worker loses its lease: whatever its handler returns is not written
-    over the cancel. Finished jobs are left alone.
+    over the cancel. The worker is told on commit (NOTIFY on ``sqlaq_cancel``, and its
+    next lease renewal as the fallback), and the handler sees
+    ``current_job().cancelled``. Finished jobs are left alone.
 
     Returns:
         The ids of the jobs cancelled.
     """
     ids = _ids(job_ids)
     return list(conn.execute(queries.cancel_stmt(job_ids=ids)).scalars()) if ids else []
+
+
+def cancelled_among(conn: Executor, job_ids: Iterable[int]) -> list[int]:
+    """Which of *job_ids* are cancelled (for a worker that lost their leases)."""
+    ids = _ids(job_ids)
+    if not ids:
+        return []
+    return list(conn.execute(queries.cancelled_among_stmt(job_ids=ids)).scalars())
+
+
+def sweep(conn: Executor, *, limit: int = DEFAULT_PRUNE_BATCH) -> int:
+    """End up to *limit* expired leases: a job on its last attempt is marked failed,
+    any other is queued again, due now (``last_error`` says the lease expired).
+
+    What the maintenance leader runs, so that a crashed worker's jobs end even where no
+    one claims. One bounded batch per call, like :func:`prune`.
+
+    Returns:
+        How many jobs were swept.
+
+    Raises:
+        ConfigError: *limit* is not a positive int.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"limit must be a positive int, got {limit!r}")
+    return len(conn.execute(queries.sweep_stmt(limit=limit)).all())
 
 
 def prune(

@@ -31,7 +31,7 @@ Rules every builder keeps (each learnt the hard way, see DESIGN.md B):
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -60,17 +60,29 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
 from sqlaq.encoding import NewJob, encode_payload
 from sqlaq.lease import Lease
-from sqlaq.schema import CHANNEL, REVISION_FUNCTION, JobStatus, jobs
+from sqlaq.schema import (
+    CANCEL_CHANNEL,
+    CHANNEL,
+    KIND_LOCK_CLASS,
+    LEADER_LOCK,
+    REVISION_FUNCTION,
+    JobStatus,
+    jobs,
+    periodic,
+    rates,
+)
 
 __all__ = [
     "cancel_stmt",
+    "cancelled_among_stmt",
     "claim_params",
     "claim_stmt",
+    "clock_stmt",
     "complete_stmt",
     "count_jobs_stmt",
     "count_prunable_stmt",
@@ -90,13 +102,22 @@ __all__ = [
     "get_job_stmt",
     "handback_stmt",
     "has_schema_revision_stmt",
+    "kind_limit_state_stmt",
     "listen_stmt",
+    "lock_kind_stmt",
+    "periodic_advance_stmt",
+    "periodic_insert_stmt",
+    "periodic_lock_stmt",
     "prune_stmt",
+    "record_starts_stmt",
+    "resign_stmt",
     "retry_stmt",
     "schema_revision_stmt",
     "snooze_stmt",
     "stats_counts_stmt",
     "stats_health_stmt",
+    "sweep_stmt",
+    "try_lead_stmt",
 ]
 
 c = jobs.c
@@ -132,6 +153,7 @@ CLAIM_COLUMNS = (
     c.lease_token,
     c.run_at,
     c.created_at,
+    c.attempted_at,
 )
 
 
@@ -272,13 +294,39 @@ def find_pending_duplicates_stmt(*, kinds: Sequence[str], dedupe_keys: Sequence[
     )
 
 
-def claim_params(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> dict[str, Any]:
-    """The bind values of :func:`claim_stmt`."""
-    return {"b_queue": queue, "b_worker": worker_id, "b_limit": limit, "b_lease": lease}
+def claim_params(
+    *,
+    queue: str,
+    worker_id: UUID,
+    limit: int,
+    lease: timedelta,
+    kind: str | None = None,
+    exclude_kinds: Collection[str] = (),
+) -> dict[str, Any]:
+    """The bind values of :func:`claim_stmt` (built with the same *kind* or
+    *exclude_kinds* choice: each variant is a statement of its own)."""
+    params = {"b_queue": queue, "b_worker": worker_id, "b_limit": limit, "b_lease": lease}
+    if kind is not None:
+        params["b_kind"] = kind
+    if exclude_kinds:
+        params["b_excluded"] = sorted(exclude_kinds)
+    return params
 
 
-def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> Update:
+def claim_stmt(
+    *,
+    queue: str,
+    worker_id: UUID,
+    limit: int,
+    lease: timedelta,
+    kind: str | None = None,
+    exclude_kinds: Collection[str] = (),
+) -> Update:
     """Claim up to *limit* due jobs of *queue*, in priority order; never more.
+
+    With *kind*, only jobs of that kind (``AND kind = :b_kind``): the claim of a limited
+    kind, run under :func:`lock_kind_stmt`. With *exclude_kinds*, jobs of any other kind
+    (``AND kind <> ALL(:b_excluded)``): the claim that must not bypass those limits.
 
     Renders::
 
@@ -299,12 +347,19 @@ def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> 
     kills its worker every time ends failed and never loops.
     """
     v = claim_params(queue=queue, worker_id=worker_id, limit=limit, lease=lease)
+    which: list[ColumnElement[bool]] = []
+    if kind is not None:
+        which.append(c.kind == bindparam("b_kind", kind, Text))
+    if exclude_kinds:
+        excluded = bindparam("b_excluded", sorted(exclude_kinds), ARRAY(Text))
+        which.append(c.kind != func.all(excluded))
     candidates = (
         select(c.id)
         .where(
             _PENDING,
             c.queue == bindparam("b_queue", v["b_queue"], Text),
             c.run_at <= _NOW,
+            *which,
         )
         .order_by(c.priority.desc(), c.run_at, c.id)
         .limit(bindparam("b_limit", v["b_limit"], Integer))
@@ -348,6 +403,7 @@ def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> 
                 (exhausted, c.run_at), else_=_NOW + bindparam("b_lease", v["b_lease"], Interval)
             ),
             finished_at=case((exhausted, _NOW), else_=null()),
+            attempted_at=case((exhausted, c.attempted_at), else_=_NOW),
             last_error=case(
                 (exhausted, expired_error),
                 (_RUNNING, reclaimed_error),
@@ -355,6 +411,54 @@ def claim_stmt(*, queue: str, worker_id: UUID, limit: int, lease: timedelta) -> 
             ),
         )
         .returning(*CLAIM_COLUMNS)
+    )
+
+
+def lock_kind_stmt(*, kind: str) -> Select[Any]:
+    """Take the claim lock of a limited *kind* until the transaction ends.
+
+    Renders ``SELECT pg_advisory_xact_lock(<KIND_LOCK_CLASS>, hashtext(:b_kind))``. Run
+    it first, in its own statement: the statements after it then see every claim
+    committed by the lock's previous holder (each statement of a READ COMMITTED
+    transaction takes a fresh snapshot; a lock taken inside a statement would not).
+    Two kinds whose names hash alike share a lock, which only makes them take turns.
+    """
+    key = func.hashtext(bindparam("b_kind", kind, Text))
+    return select(func.pg_advisory_xact_lock(literal_column(str(KIND_LOCK_CLASS), Integer), key))
+
+
+def kind_limit_state_stmt(*, kind: str) -> Select[Any]:
+    """Select what a limited claim of *kind* needs: ``running, starts, now``.
+
+    ``running`` counts the kind's live leases (running rows whose lease has not
+    expired; an expired one is claimable again, so it no longer holds a slot), through
+    the running index. ``starts`` is the kind's start log from ``sqlaq_rates`` (NULL
+    when it has none), and ``now`` the transaction's clock, against which the log is
+    read and to which new starts are written.
+    """
+    kind_ = bindparam("b_kind", kind, Text)
+    running = (
+        select(func.count())
+        .select_from(jobs)
+        .where(_RUNNING, c.kind == kind_, c.run_at > _NOW)
+        .scalar_subquery()
+    )
+    starts = select(rates.c.starts).where(rates.c.kind == kind_).scalar_subquery()
+    return select(running.label("running"), starts.label("starts"), _NOW.label("now"))
+
+
+def record_starts_stmt(*, kind: str, starts: Sequence[datetime]) -> Insert:
+    """Replace the start log of *kind* with *starts* (an upsert on ``sqlaq_rates``).
+
+    The caller holds the kind's claim lock and has trimmed the log to the rate's
+    window and count, so the row never grows past the rate's count of timestamps.
+    """
+    stmt = insert(rates).values(
+        kind=bindparam("b_kind", kind, Text),
+        starts=bindparam("b_starts", list(starts), ARRAY(TIMESTAMP(timezone=True))),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[rates.c.kind], set_={"starts": stmt.excluded.starts}
     )
 
 
@@ -481,19 +585,57 @@ def retry_stmt(*, job_ids: Collection[int]) -> Update:
     )
 
 
-def cancel_stmt(*, job_ids: Collection[int]) -> Update:
-    """Cancel pending (queued or running) jobs.
+def cancel_stmt(*, job_ids: Collection[int]) -> Select[Any]:
+    """Cancel pending (queued or running) jobs; tell the workers running them.
 
-    Renders ``UPDATE sqlaq_jobs SET status = 'cancelled', finished_at = now(),
-    lease_token = NULL WHERE id = ANY(:b_ids) AND status IN ('queued', 'running')
-    RETURNING id``. A running job's holder loses its lease: its complete, fail and
-    extend change nothing afterwards, so no result is written over the cancel.
+    Renders::
+
+        WITH was AS MATERIALIZED (
+            SELECT id, status FROM sqlaq_jobs
+            WHERE id = ANY(:b_ids) AND status IN ('queued', 'running') FOR UPDATE),
+        cancelled AS (
+            UPDATE sqlaq_jobs SET status = 'cancelled', finished_at = now(),
+                lease_token = NULL
+            FROM was WHERE sqlaq_jobs.id = was.id RETURNING sqlaq_jobs.id, was.status)
+        SELECT id, CASE WHEN status = 'running'
+            THEN pg_notify('sqlaq_cancel', id::text) END FROM cancelled
+
+    A running job's holder loses its lease: its complete, fail and extend change nothing
+    afterwards, so no result is written over the cancel. The notification (sent on
+    commit) tells that worker at once; its heartbeat finds the lost lease anyway. The
+    locking CTE reads each row's latest status, so a job claimed meanwhile is known to
+    be running.
     """
-    return (
-        update(jobs)
+    was = (
+        select(c.id, c.status)
         .where(c.id == func.any(bindparam("b_ids", list(job_ids), _IDS)), _PENDING)
+        .with_for_update()
+        .cte("was")
+        .prefix_with("MATERIALIZED")
+    )
+    cancelled = (
+        update(jobs)
+        .where(c.id == was.c.id)
         .values(status=_status(JobStatus.CANCELLED), finished_at=_NOW, lease_token=null())
-        .returning(c.id)
+        .returning(c.id, was.c.status.label("was"))
+        .cte("cancelled")
+    )
+    channel = literal_column(f"'{CANCEL_CHANNEL}'", Text)
+    notify = case(
+        (
+            cancelled.c.was == _status(JobStatus.RUNNING),
+            func.pg_notify(channel, cast(cancelled.c.id, Text)),
+        )
+    )
+    return select(cancelled.c.id, notify.label("notified"))
+
+
+def cancelled_among_stmt(*, job_ids: Collection[int]) -> Select[Any]:
+    """Select which of *job_ids* are cancelled: ``SELECT id ... WHERE id = ANY(:b_ids)
+    AND status = 'cancelled'`` (a worker asks after losing their leases)."""
+    return select(c.id).where(
+        c.id == func.any(bindparam("b_ids", list(job_ids), _IDS)),
+        c.status == _status(JobStatus.CANCELLED),
     )
 
 
@@ -534,6 +676,106 @@ def _prunable(older_than: timedelta, statuses: Collection[JobStatus]) -> ColumnE
 def count_prunable_stmt(*, older_than: timedelta, statuses: Collection[JobStatus]) -> Select[int]:
     """Count the jobs :func:`prune_stmt` would delete (for a progress bar)."""
     return select(func.count()).where(_prunable(older_than, statuses))
+
+
+# --- maintenance (the leader) and periodic jobs ---
+
+
+def sweep_stmt(*, limit: int) -> Update:
+    """End up to *limit* expired leases, whether or not anyone claims their queue.
+
+    A running job whose lease expired on its last attempt is marked ``failed`` (its
+    worker died or stalled and no attempt is left); one with attempts left is queued
+    again, due now. Either way ``last_error`` says the lease expired. The claim does the
+    same to the rows it meets; this catches the rest (a queue no worker serves, or a
+    kind that is never claimed again). Picks rows through the running index in a
+    ``MATERIALIZED`` CTE with ``FOR UPDATE SKIP LOCKED``; ``RETURNING id, status``.
+    """
+    expired = (
+        select(c.id)
+        .where(_RUNNING, c.run_at <= _NOW)
+        .limit(bindparam("b_limit", limit, Integer))
+        .with_for_update(skip_locked=True)
+        .cte("expired")
+        .prefix_with("MATERIALIZED")
+    )
+    exhausted = c.attempts >= c.max_attempts
+    attempt_text = cast(c.attempts, Text)
+    return (
+        update(jobs)
+        .where(c.id == expired.c.id)
+        .values(
+            status=case((exhausted, _status(JobStatus.FAILED)), else_=_status(JobStatus.QUEUED)),
+            finished_at=case((exhausted, _NOW), else_=null()),
+            run_at=case((exhausted, c.run_at), else_=_NOW),
+            locked_by=null(),
+            lease_token=null(),
+            last_error=case(
+                (
+                    exhausted,
+                    literal_column("'lease expired on attempt '", Text)
+                    + attempt_text
+                    + literal_column("' of '", Text)
+                    + cast(c.max_attempts, Text)
+                    + literal_column(
+                        "': the worker stopped or crashed while running the job; not retried'",
+                        Text,
+                    ),
+                ),
+                else_=literal_column("'lease expired on attempt '", Text)
+                + attempt_text
+                + literal_column("'; queued again'", Text),
+            ),
+        )
+        .returning(c.id, c.status)
+    )
+
+
+def clock_stmt() -> Select[Any]:
+    """``SELECT now()``: the database's clock, the only one sqlaq reads."""
+    return select(_NOW)
+
+
+def periodic_insert_stmt(*, name: str, slot: datetime) -> Insert:
+    """Record periodic job *name* at *slot* if it has no row yet; ``RETURNING name``
+    (no row: it had one). Waits for a concurrent first insert of the same name."""
+    stmt = insert(periodic).values(
+        name=bindparam("b_name", name, Text),
+        last_slot=bindparam("b_slot", slot, TIMESTAMP(timezone=True)),
+    )
+    return stmt.on_conflict_do_nothing(index_elements=[periodic.c.name]).returning(periodic.c.name)
+
+
+def periodic_lock_stmt(*, name: str) -> Select[Any]:
+    """``SELECT last_slot FROM sqlaq_periodic WHERE name = :b_name FOR UPDATE``: waits
+    for any other transaction holding the row, then reads what it committed."""
+    return (
+        select(periodic.c.last_slot)
+        .where(periodic.c.name == bindparam("b_name", name, Text))
+        .with_for_update()
+    )
+
+
+def periodic_advance_stmt(*, name: str, slot: datetime) -> Update:
+    """Move periodic job *name* to *slot* (the caller holds its row lock)."""
+    return (
+        update(periodic)
+        .where(periodic.c.name == bindparam("b_name", name, Text))
+        .values(last_slot=bindparam("b_slot", slot, TIMESTAMP(timezone=True)), updated_at=_NOW)
+    )
+
+
+def try_lead_stmt() -> Select[Any]:
+    """``SELECT pg_try_advisory_lock(<LEADER_LOCK>)``: true for the one session that
+    holds the maintenance leader's lock (until it unlocks or its connection ends)."""
+    return select(
+        func.pg_try_advisory_lock(*(literal_column(str(k), Integer) for k in LEADER_LOCK))
+    )
+
+
+def resign_stmt() -> Select[Any]:
+    """``SELECT pg_advisory_unlock(<LEADER_LOCK>)``: give leadership up."""
+    return select(func.pg_advisory_unlock(*(literal_column(str(k), Integer) for k in LEADER_LOCK)))
 
 
 # --- inspection (operators and tests) ---
@@ -713,10 +955,14 @@ def handback_stmt(*, leases: Collection[Lease]) -> Select[int, Any]:
     return select(handed.c.id, func.pg_notify(channel, handed.c.queue))
 
 
-def listen_stmt(*, channel: str = CHANNEL) -> psycopg.sql.Composed:
-    """``LISTEN "<channel>"``, for the worker's dedicated psycopg connection.
+def listen_stmt(*, channel: str | Sequence[str] = CHANNEL) -> psycopg.sql.Composed:
+    """``LISTEN "<channel>"`` (one ``LISTEN`` per channel given), for the worker's
+    dedicated psycopg connection.
 
     A psycopg statement rather than a SQLAlchemy one: LISTEN must run on a raw autocommit
     connection that stays outside the pool (see :mod:`sqlaq.listener`).
     """
-    return psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
+    channels = [channel] if isinstance(channel, str) else list(channel)
+    return psycopg.sql.SQL("; ").join(
+        psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(name)) for name in channels
+    )

@@ -1,9 +1,10 @@
 """The registry: job kind -> handler, with the per-kind options.
 
 This module owns what a worker needs to know about a kind before running it: the
-function, whether it is ``async``, the default ``max_attempts``, the lease, and the retry
-policy (which exceptions retry, and how long to wait). It runs no job and no SQL except
-through :mod:`sqlaq.ops` in :meth:`Registry.enqueue`.
+function, whether it is ``async``, the default ``max_attempts``, the lease, the retry
+policy (which exceptions retry, and how long to wait), its global limits (concurrency
+and rate, see :mod:`sqlaq.limits`), and the periodic jobs (:mod:`sqlaq.periodic`). It
+runs no job and no SQL except through :mod:`sqlaq.ops` in :meth:`Registry.enqueue`.
 
 Retry policies speak tenacity's vocabulary, so ``retry=tenacity.retry_if_exception_type(
 IOError)`` and ``wait=tenacity.wait_exponential_jitter(...)`` work as they do with
@@ -27,7 +28,9 @@ from sqlaq import ops
 from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
 from sqlaq.encoding import NewJob, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, PermanentError
-from sqlaq.schema import DEFAULT_MAX_ATTEMPTS
+from sqlaq.limits import Rate
+from sqlaq.periodic import Periodic
+from sqlaq.schema import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
 __all__ = ["Handler", "Registry", "RetryPolicy", "WaitPolicy"]
 
@@ -65,6 +68,9 @@ class Handler:
         lease: The lease length kept while this kind runs, or None for the worker's.
         retry: Which failures retry (a tenacity predicate).
         wait: The delay before the next attempt.
+        concurrency: At most this many jobs of the kind run at once across all
+            workers, or None for no limit.
+        rate: At most this many starts per period across all workers, or None.
     """
 
     kind: str
@@ -74,6 +80,13 @@ class Handler:
     lease: timedelta | None
     retry: Callable[[tenacity.RetryCallState], bool]
     wait: WaitPolicy
+    concurrency: int | None = None
+    rate: Rate | None = None
+
+    @property
+    def limited(self) -> bool:
+        """True when the kind has a concurrency limit or a rate."""
+        return self.concurrency is not None or self.rate is not None
 
     def retry_in(self, attempt: int, error: BaseException) -> timedelta | None:
         """The delay before retrying after *error* ended attempt number *attempt*.
@@ -111,6 +124,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._periodic: dict[str, Periodic] = {}
 
     def handler(
         self,
@@ -120,6 +134,8 @@ class Registry:
         lease: timedelta | None = None,
         retry: RetryPolicy | None = None,
         wait: WaitPolicy | None = None,
+        concurrency: int | None = None,
+        rate: Rate | str | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of *kind*.
 
@@ -136,6 +152,13 @@ class Registry:
                 which never retries whatever the predicate says.
             wait: The delay before the next attempt: a :class:`~sqlaq.Backoff` or a
                 tenacity ``wait_*`` strategy. Default: :data:`~sqlaq.DEFAULT_BACKOFF`.
+            concurrency: At most this many jobs of the kind run at once across every
+                worker and process, enforced by the database at claim time. Other kinds
+                keep flowing while it is full.
+            rate: At most this many job starts per period across every worker:
+                ``"1/s"``, ``"100/m"``, ``"1000/h"``, ``"10/30s"`` or a
+                :class:`~sqlaq.Rate`. Jobs over the rate stay queued and keep their
+                attempts. See :mod:`sqlaq.limits` for how both are enforced.
 
         Raises:
             ConfigError: the kind is not a usable name or is already registered, or an
@@ -143,10 +166,117 @@ class Registry:
         """
 
         def register(func: F) -> F:
-            self.add(kind, func, max_attempts=max_attempts, lease=lease, retry=retry, wait=wait)
+            self.add(
+                kind,
+                func,
+                max_attempts=max_attempts,
+                lease=lease,
+                retry=retry,
+                wait=wait,
+                concurrency=concurrency,
+                rate=rate,
+            )
             return func
 
         return register
+
+    def periodic(
+        self,
+        schedule: str,
+        *,
+        kind: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        backfill: bool = False,
+    ) -> Callable[[F], F]:
+        """Enqueue a job of *kind* on the cron *schedule*, and register the decorated
+        function as its handler if the kind has none yet.
+
+        Every worker running this registry enqueues due slots, and the database makes
+        sure each slot is enqueued once (see :mod:`sqlaq.periodic`)::
+
+            @registry.periodic("0 * * * *", kind="hourly_report", payload={"scope": "all"})
+            def hourly_report(payload): ...
+
+        To give the handler options, put ``@registry.periodic`` above
+        ``@registry.handler(...)``; to schedule a kind registered elsewhere, call
+        :meth:`add_periodic`.
+
+        Args:
+            schedule: 5-field cron (``minute hour day month weekday``), in UTC; or
+                ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``.
+            kind: The job's kind; default the function's name.
+            payload: The job's payload (the same for every slot).
+            name: Unique name of this schedule; default the kind.
+            queue, priority: The job's.
+            max_attempts: The job's; default the handler's.
+            backfill: After a time with no worker running, enqueue every missed slot
+                (the latest 1000), not only the latest one.
+
+        Raises:
+            ConfigError: a bad schedule or option, or a name already scheduled.
+        """
+
+        def register(func: F) -> F:
+            the_kind = kind if kind is not None else getattr(func, "__name__", "")
+            if the_kind not in self._handlers:
+                self.add(the_kind, cast("HandlerFunc", func))
+            self.add_periodic(
+                schedule,
+                kind=the_kind,
+                payload=payload,
+                name=name,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                backfill=backfill,
+            )
+            return func
+
+        return register
+
+    def add_periodic(
+        self,
+        schedule: str,
+        *,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        backfill: bool = False,
+    ) -> Periodic:
+        """Schedule jobs of the registered *kind*: :meth:`periodic` without a function.
+
+        Raises:
+            ConfigError: *kind* has no handler here, or as :meth:`periodic`.
+        """
+        entry = self._require(kind)
+        periodic = Periodic.build(
+            schedule,
+            kind=kind,
+            name=name,
+            payload=payload,
+            queue=queue,
+            priority=priority,
+            max_attempts=entry.max_attempts if max_attempts is None else max_attempts,
+            backfill=backfill,
+        )
+        if periodic.name in self._periodic:
+            raise ConfigError(
+                f"a periodic job named {periodic.name!r} is already scheduled; pass name=..."
+            )
+        self._periodic[periodic.name] = periodic
+        return periodic
+
+    @property
+    def periodics(self) -> list[Periodic]:
+        """The periodic jobs, by name."""
+        return [self._periodic[name] for name in sorted(self._periodic)]
 
     def add(
         self,
@@ -157,6 +287,8 @@ class Registry:
         lease: timedelta | None = None,
         retry: RetryPolicy | None = None,
         wait: WaitPolicy | None = None,
+        concurrency: int | None = None,
+        rate: Rate | str | None = None,
     ) -> Handler:
         """Register *func* as the handler of *kind*; the non-decorator form of
         :meth:`handler`, with the same arguments.
@@ -180,6 +312,8 @@ class Registry:
             lease=_check_lease(kind, lease),
             retry=_retry_predicate(kind, retry),
             wait=_wait_policy(kind, wait),
+            concurrency=_check_concurrency(kind, concurrency),
+            rate=_check_rate(kind, rate),
         )
         self._handlers[kind] = entry
         return entry
@@ -257,6 +391,27 @@ def _check_lease(kind: str, value: object) -> timedelta | None:
     if not isinstance(value, timedelta) or value < timedelta(milliseconds=100):
         raise ConfigError(f"lease of {kind!r} must be a timedelta of 0.1s or more, got {value!r}")
     return value
+
+
+def _check_concurrency(kind: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"concurrency of {kind!r} must be an int >= 1 or None, got {value!r}")
+    return value
+
+
+def _check_rate(kind: str, value: object) -> Rate | None:
+    if value is None or isinstance(value, Rate):
+        return value
+    if isinstance(value, str):
+        try:
+            return Rate.parse(value)
+        except ConfigError as exc:
+            raise ConfigError(f"rate of {kind!r}: {exc}") from None
+    raise ConfigError(
+        f"rate of {kind!r} must be a str such as '5/s' or a sqlaq.Rate, got {value!r}"
+    )
 
 
 def _retry_predicate(

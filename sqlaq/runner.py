@@ -123,6 +123,9 @@ class Run:
         if status is JobStatus.DONE:
             log.info("job done", extra=extra)
             return
+        if status is JobStatus.CANCELLED:
+            log.info("job cancelled; its result was not written", extra=extra)
+            return
         if self.snooze is not None:
             extra["snooze"] = self.snooze.total_seconds()
             log.info("job snoozed", extra=extra)

@@ -53,6 +53,11 @@ PERIODIC_TABLE = "sqlaq_periodic"
 #: The NOTIFY channel :func:`sqlaq.cancel` signals, with the id of a running job it
 #: cancelled as payload, so the worker running it is told at once.
 CANCEL_CHANNEL = "sqlaq_cancel"
+#: The first key of the transaction advisory lock a claim of a limited kind takes; the
+#: second is ``hashtext(kind)`` (see :func:`sqlaq.queries.lock_kind_stmt`).
+KIND_LOCK_CLASS = 0x73716C6B  # "sqlk"
+#: The keys of the session advisory lock held by the maintenance leader.
+LEADER_LOCK = (0x73716C6D, 0)  # "sqlm"
 NOTIFY_FUNCTION = "sqlaq_jobs_notify"
 NOTIFY_TRIGGER = "sqlaq_jobs_notify_trg"
 #: A SQL function that returns the schema's sqlaq revision (each revision replaces it).

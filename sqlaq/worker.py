@@ -44,9 +44,10 @@ from sqlaq.config import WorkerConfig
 from sqlaq.heartbeat import Heartbeat
 from sqlaq.lease import Lease
 from sqlaq.listener import Listener, connection_params
+from sqlaq.maintenance import Maintenance
 from sqlaq.registry import Registry
 from sqlaq.runner import JobResult, Run, Runner
-from sqlaq.schema import CHANNEL, JobStatus
+from sqlaq.schema import CANCEL_CHANNEL, CHANNEL, JobStatus
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
 
 __all__ = ["JobResult", "Worker"]
@@ -69,7 +70,7 @@ class _Batch:
     renewing: list[Run] | None  # running: their leases, when the heartbeat is due
     done: threading.Event = field(default_factory=threading.Event)
     written: _Written = field(default_factory=list)
-    renewed: dict[int, Lease] = field(default_factory=dict)
+    renewed: dict[int, Lease | None] = field(default_factory=dict)
     error: BaseException | None = None
 
 
@@ -126,6 +127,7 @@ class Worker:
         self._forced = False
         self._finished: deque[Run] = deque()  # appended by handler threads
         self._woken: deque[str | None] = deque()  # appended by the listener thread
+        self._cancels: deque[int] = deque()  # job ids; appended by the listener thread
         self._held: dict[int, Run] = {}  # every lease held: running or not yet written
         self._unwritten: list[Run] = []  # finished; not yet handed to the writer
         self._writing: _Batch | None = None  # handed to the writer, not yet settled
@@ -143,6 +145,14 @@ class Worker:
         self._db_failures = 0
         self._runner = Runner(config.concurrency, self._handler_finished)
         self._listener: Listener | None = None
+        self._maintenance: Maintenance | None = None
+        # Limited kinds (a concurrency limit or a rate) are claimed one kind at a time
+        # under the kind's lock (ops.claim_limited); the plain claim skips them.
+        self._limited = sorted((h for h in registry if h.limited), key=lambda h: h.kind)
+        self._unlimited_only = [h.kind for h in self._limited]
+        self._blocked: dict[str, float] = {}  # limited kind -> monotonic time to retry
+        self._full: set[str] = set()  # limited kinds blocked by their concurrency limit
+        self._empty: set[tuple[str, str]] = set()  # (queue, limited kind): none due
 
     @property
     def listening(self) -> bool:
@@ -192,9 +202,14 @@ class Worker:
         )
         if config.listen and not config.burst:
             params = connection_params(self._engine, LISTENER_APPLICATION_NAME)
-            statement = queries.listen_stmt(channel=CHANNEL)
+            statement = queries.listen_stmt(channel=(CHANNEL, CANCEL_CHANNEL))
             self._listener = Listener(params, statement, self._notified)
             self._listener.start()
+        if config.maintenance and not config.burst:
+            self._maintenance = Maintenance(
+                self._engine, self._registry.periodics, config, str(self.worker_id)
+            )
+            self._maintenance.start()
         # A daemon, like the handler threads: a writer stuck on a dead connection must
         # not keep the process alive once run() has returned.
         self._writer = threading.Thread(target=self._write_loop, name="sqlaq-writer", daemon=True)
@@ -219,17 +234,46 @@ class Worker:
 
     def _collect(self) -> None:
         while self._finished:
-            self._unwritten.append(self._finished.popleft())
+            run = self._finished.popleft()
+            self._unwritten.append(run)
             self._busy -= 1
+            kind = run.job.kind
+            if kind in self._full:  # a slot of the kind is free again: claim it now
+                self._full.discard(kind)
+                self._blocked.pop(kind, None)
+                self._due.add(run.job.queue)
         while self._woken:
             queue = self._woken.popleft()
-            self._due.update(self.config.queues if queue is None else (queue,))
+            self._mark_due(self.config.queues if queue is None else (queue,))
+        while self._cancels:
+            self._cancelled(self._cancels.popleft())
+
+    def _mark_due(self, queues: tuple[str, ...] | list[str]) -> None:
+        self._due.update(queues)
+        if self._empty:
+            self._empty = {pair for pair in self._empty if pair[0] not in queues}
+
+    def _cancelled(self, job_id: int) -> None:
+        """A job was cancelled (NOTIFY): if it runs here, its result must not be written
+        and its handler may see ``current_job().cancelled``."""
+        run = self._held.get(job_id)
+        if run is None or run.lost:
+            return
+        run.lost = True
+        run.context._set_cancelled()
+        _log.info("job cancelled while running", extra=run.log_extra())
 
     def _due_queues(self) -> list[str]:
         now = monotonic()
         if now >= self._next_poll:
-            self._due.update(self.config.queues)
+            self._mark_due(self.config.queues)
             self._next_poll = now + self.config.poll_interval.total_seconds()
+        if self._blocked:
+            for kind, until in list(self._blocked.items()):
+                if now >= until:  # its rate window moved on, or a poll's time came
+                    del self._blocked[kind]
+                    self._full.discard(kind)
+                    self._due.update(self.config.queues)
         # Round robin: each turn starts one queue further, so a queue that fills every
         # free slot cannot starve the others.
         queues = self.config.queues
@@ -240,14 +284,23 @@ class Worker:
     def _fetch(self, queue: str, room: int) -> int:
         """Claim up to *room* jobs of *queue* and start them; return how many.
 
-        The claim is one statement on a connection in autocommit: it is committed when
-        it returns, so its jobs may start at once (and a later queue's failure cannot
-        undo it).
+        Limited kinds first, each in a transaction of its own under its lock; then the
+        other kinds in one statement on a connection in autocommit: it is committed
+        when it returns, so its jobs may start at once (and a later queue's failure
+        cannot undo it).
         """
+        taken = self._fetch_limited(queue, room) if self._limited else 0
+        if taken >= room:
+            return taken
         try:
             conn = self._claim_connection()
             jobs = ops.claim(
-                conn, worker_id=self.worker_id, queue=queue, limit=room, lease=self.config.lease
+                conn,
+                worker_id=self.worker_id,
+                queue=queue,
+                limit=room - taken,
+                lease=self.config.lease,
+                exclude_kinds=self._unlimited_only,
             )
             conn.commit()  # ends SQLAlchemy's own transaction; nothing is sent
         except Exception as exc:
@@ -255,12 +308,59 @@ class Worker:
             if not is_transient(exc):
                 raise
             self._back_off(exc)
-            return 0
+            return taken
         self._recovered()
         if not jobs:
             self._due.discard(queue)
         self._dispatch(jobs)
-        return len(jobs)
+        return taken + len(jobs)
+
+    def _fetch_limited(self, queue: str, room: int) -> int:
+        """Claim the limited kinds' due jobs of *queue* within their limits."""
+        taken = 0
+        now = monotonic()
+        for handler in self._limited:
+            kind = handler.kind
+            if taken >= room or self._stopping.is_set():
+                break
+            if (queue, kind) in self._empty or self._blocked.get(kind, 0.0) > now:
+                continue
+            try:
+                with self._engine.begin() as conn:
+                    claimed = ops.claim_limited(
+                        conn,
+                        worker_id=self.worker_id,
+                        kind=kind,
+                        queue=queue,
+                        limit=room - taken,
+                        lease=handler.lease or self.config.lease,
+                        concurrency=handler.concurrency,
+                        rate=handler.rate,
+                    )
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                self._back_off(exc)
+                return taken
+            self._recovered()
+            self._limited_outcome(queue, kind, claimed, room - taken)
+            self._dispatch(claimed.jobs)
+            taken += len(claimed.jobs)
+        return taken
+
+    def _limited_outcome(
+        self, queue: str, kind: str, claimed: ops.LimitedClaim, wanted: int
+    ) -> None:
+        """Remember why a limited claim took fewer than *wanted*: nothing due (until the
+        queue is notified or polled), the kind is full (until a job of it ends here, or
+        the next poll for jobs ending elsewhere), or its rate (until the window moves)."""
+        if claimed.rate_wait is not None:
+            self._blocked[kind] = monotonic() + claimed.rate_wait.total_seconds()
+        elif claimed.full:
+            self._full.add(kind)
+            self._blocked[kind] = self._next_poll
+        elif len(claimed.jobs) < wanted:
+            self._empty.add((queue, kind))
 
     def _claim_connection(self) -> Connection:
         if self._claim_conn is None:
@@ -394,7 +494,8 @@ class Worker:
             written += [(r, JobStatus.DONE if r.job.id in done else None) for r in successes]
         for run in runs:
             if run.lost:
-                written.append((run, None))
+                # Nothing to write: the job was cancelled, or claimed again elsewhere.
+                written.append((run, JobStatus.CANCELLED if run.context.cancelled else None))
             elif run.error is not None:
                 lease, error, retry_in = run.context.lease, run.error, run.retry_in
                 status = ops.fail(conn, lease, error, retry_in=retry_in, raise_on_lost=False)
@@ -430,7 +531,7 @@ class Worker:
             writing.update(id(r) for r in self._writing.runs)
         return [r for r in self._held.values() if not r.lost and id(r) not in writing]
 
-    def _extend_leases(self, conn: Connection, runs: list[Run] | None) -> dict[int, Lease]:
+    def _extend_leases(self, conn: Connection, runs: list[Run] | None) -> dict[int, Lease | None]:
         """Renew the leases of *runs* if the heartbeat is due (None: not due)."""
         return {} if runs is None else self._heartbeat.extend(conn, runs)
 
@@ -453,12 +554,21 @@ class Worker:
         deadlines = [] if until is None else [until]
         if claimable:
             deadlines.append(self._next_poll)
+            if self._blocked:
+                deadlines.append(min(self._blocked.values()))
         if self._held and writing is None:
             deadlines.append(self._heartbeat.next)  # (a busy writer wakes us when done)
         self._wake.wait(max(0.0, min(deadlines) - monotonic()) if deadlines else None)
 
     def _quiet(self) -> bool:
-        return not (self._due or self._held or self._finished or self._woken or self._writing)
+        return not (
+            self._due
+            or self._held
+            or self._finished
+            or self._woken
+            or self._writing
+            or self._blocked
+        )
 
     def _update_idle(self) -> None:
         if self._quiet():
@@ -474,9 +584,14 @@ class Worker:
         if not self._wake.is_set():
             self._wake.set()
 
-    def _notified(self, queue: str | None) -> None:
-        if queue is None or queue in self.config.queues:
-            self._woken.append(queue)  # from the listener's thread
+    def _notified(self, channel: str | None, payload: str | None) -> None:
+        # From the listener's thread: (None, None) after (re)connecting.
+        if channel == CANCEL_CHANNEL:
+            if payload and payload.isdigit():
+                self._cancels.append(int(payload))
+                self._wake.set()
+        elif payload is None or payload in self.config.queues:
+            self._woken.append(payload)
             self._wake.set()
 
     def _back_off(self, error: BaseException) -> None:
@@ -505,6 +620,8 @@ class Worker:
             self._interrupt.set()
         if self._listener is not None:
             self._listener.stop(timeout=0)
+        if self._maintenance is not None:
+            self._maintenance.stop(timeout=0)
         deadline = monotonic() + self.config.grace_period.total_seconds()
         if self._busy:
             _log.info("worker stopping: waiting for %d running job(s)", self._busy)
@@ -551,6 +668,8 @@ class Worker:
     def _close(self) -> None:
         if self._listener is not None:
             self._listener.stop()
+        if self._maintenance is not None:
+            self._maintenance.stop()
         if self._writer is not None:
             self._batches.append(None)
             self._writer_wake.set()

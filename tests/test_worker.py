@@ -583,31 +583,42 @@ def test_worker_serves_several_queues_in_turn(committed: Engine) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_heartbeat_finds_a_cancelled_job_and_writes_nothing(
-    committed: Engine, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("listen", [True, False], ids=["notify", "heartbeat"])
+def test_cancel_of_a_running_job_reaches_its_handler_and_nothing_is_written(
+    committed: Engine, listen: bool
 ) -> None:
+    """The worker learns of the cancel from its NOTIFY or, without a listener, from its
+    next lease renewal; the handler sees ``current_job().cancelled``; its result is not
+    written over the cancel."""
     registry = sqlaq.Registry()
     recorder = Recorder()
-    release = threading.Event()
+    seen: list[bool] = []
 
     @registry.handler("slow")
     def slow(payload: dict[str, Any]) -> None:
-        release.wait(20)
+        job = sqlaq.current_job()
+        seen.append(job.cancelled)
+        wait_until(lambda: job.cancelled, 20, "the handler to see the cancel")
+        seen.append(job.cancelled)
 
     job_id = enqueue(committed, "slow")
-    with running(fast_worker(committed, registry, recorder, lease=timedelta(milliseconds=300))):
+    # A lease long enough that, with the listener on, the NOTIFY arrives well before the
+    # first renewal (a third of it): what is tested is the notification.
+    lease = timedelta(seconds=9 if listen else 0.3)
+    with running(fast_worker(committed, registry, recorder, lease=lease, listen=listen)) as w:
+        if listen:
+            wait_until(lambda: w.listening, 10, "the listener")
         wait_until(lambda: status_is(committed, job_id, "running"), 10, "the job to run")
+        started = time.monotonic()
         with committed.begin() as conn:
-            sqlaq.cancel(conn, job_id)
-        wait_until(
-            lambda: any(r.message.startswith("lease lost") for r in caplog.records),
-            10,
-            "a heartbeat to find the lease gone",
-        )
-        release.set()
+            assert sqlaq.cancel(conn, job_id) == [job_id]
         results = recorder.wait_for(1)
-    assert results[0].status is None
+        told_after = time.monotonic() - started
+    assert seen == [False, True]
+    assert results[0].status is sqlaq.JobStatus.CANCELLED
     assert job(committed, job_id).status == "cancelled"
+    if listen:
+        assert told_after < 3.0  # the NOTIFY, not the renewal due after 3 s
 
 
 @pytest.mark.timeout(30)

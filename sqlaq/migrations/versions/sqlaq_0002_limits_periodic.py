@@ -28,8 +28,7 @@ def upgrade() -> None:
     op.execute("ALTER TABLE sqlaq_jobs ADD COLUMN attempted_at timestamptz")
     # Counts the live leases of one kind under its claim lock (global concurrency).
     op.execute(
-        "CREATE INDEX sqlaq_jobs_running_idx ON sqlaq_jobs (kind, run_at) "
-        "WHERE status = 'running'"
+        "CREATE INDEX sqlaq_jobs_running_idx ON sqlaq_jobs (kind, run_at) WHERE status = 'running'"
     )
     # The recent starts of each rate-limited kind: a sliding-window log, trimmed to the
     # rate's count on every claim, so a row never holds more than N timestamps.
