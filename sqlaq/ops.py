@@ -342,6 +342,11 @@ def claim_limited(
     """
     _check_claim(queue, limit, lease)
     check_name("kind", kind)
+    if _autocommit(conn):
+        raise ConfigError(
+            "claim_limited needs a transaction (its lock lasts until commit); "
+            "this connection is in autocommit"
+        )
     if concurrency is not None and (
         isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
     ):
@@ -364,6 +369,13 @@ def claim_limited(
         log = (recent + [now] * len(jobs))[-rate.count :]
         conn.execute(queries.record_starts_stmt(kind=kind, starts=log))
     return LimitedClaim(jobs, allowed.full, allowed.rate_wait)
+
+
+def _autocommit(conn: Executor) -> bool:
+    if isinstance(conn, Session):
+        return False  # a Session's transaction is a real one, unless bound otherwise
+    # The driver's own flag: set however autocommit was asked for (engine or connection).
+    return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
 def _check_claim(queue: str, limit: int, lease: timedelta) -> None:

@@ -127,14 +127,18 @@ def conn(engine: Engine) -> Iterator[Connection]:
             trans.rollback()
 
 
+#: Empties every table of sqlaq's (the queue, the rate logs, the periodic slots).
+TRUNCATE = "TRUNCATE sqlaq_jobs, sqlaq_rates, sqlaq_periodic"
+
+
 @pytest.fixture
 def committed(engine: Engine) -> Iterator[Engine]:
     """For tests that need committed data on several connections: empties the table
     before and after the test."""
     with engine.begin() as c:
-        c.execute(text("TRUNCATE sqlaq_jobs"))
+        c.execute(text(TRUNCATE))
     try:
         yield engine
     finally:
         with engine.begin() as c:
-            c.execute(text("TRUNCATE sqlaq_jobs"))
+            c.execute(text(TRUNCATE))

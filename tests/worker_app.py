@@ -120,3 +120,29 @@ def picky(payload: dict[str, Any]) -> None:
     """Raise OSError (retried) or ValueError (not retried), as the payload says."""
     record()
     raise (OSError if payload["error"] == "io" else ValueError)(payload["error"])
+
+
+@registry.handler("video", concurrency=2)
+def video(payload: dict[str, Any]) -> None:
+    """At most two at once across every worker: record start and end around a sleep of
+    ``payload['seconds']``."""
+    record("start")
+    time.sleep(payload["seconds"])
+    record("end")
+
+
+@registry.handler("rated", rate="5/s")
+def rated(payload: dict[str, Any]) -> None:
+    """At most five starts a second across every worker: record the run."""
+    record()
+
+
+#: Only the maintenance tests run this registry (``worker_app:periodic_registry``): a
+#: periodic job in the main one would enqueue jobs into other tests.
+periodic_registry = sqlaq.Registry()
+
+
+@periodic_registry.periodic("* * * * *", kind="tick")
+def tick(payload: dict[str, Any]) -> None:
+    """Record the run of a periodic job."""
+    record()
