@@ -167,8 +167,11 @@ class Maintenance:
         except Exception:
             self._resign()  # the lock's connection is suspect: let someone else lead
             raise
-        _log.info(
-            "maintenance ran", extra={"worker_id": self._name, "pruned": pruned, "swept": swept}
+        # INFO only when it changed something: an idle queue logs nothing every round.
+        _log.log(
+            logging.INFO if pruned or swept else logging.DEBUG,
+            "maintenance ran",
+            extra={"worker_id": self._name, "pruned": pruned, "swept": swept},
         )
 
     def _prune(self, conn: Connection, older_than: timedelta, statuses: set[JobStatus]) -> int:
