@@ -77,3 +77,15 @@ async def asleep10(_payload: dict[str, Any]) -> None:
     """Waits 10 ms on the worker's event loop (an async handler: no thread)."""
     await asyncio.sleep(0.010)
     _runs.append((sqlaq.current_job().id, "asleep10", 0.0))
+
+
+#: The limits scenario's registry (``bench.app:limited_registry``): a kind with a global
+#: concurrency limit and a rate, both far above what one worker reaches, so the drain
+#: measures what enforcing them costs, not the limits themselves.
+limited_registry = sqlaq.Registry()
+
+
+@limited_registry.handler("limited", concurrency=100_000, rate="2000/100ms")
+def limited(_payload: dict[str, Any]) -> None:
+    """Does nothing, under a concurrency limit and a rate."""
+    _runs.append((sqlaq.current_job().id, "limited", 0.0))

@@ -50,7 +50,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +62,10 @@ from sqlaq.ops import DEFAULT_LEASE  # noqa: E402
 
 DEFAULT_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 APP = "bench.app:registry"
+LIMITED_APP = "bench.app:limited_registry"
+#: The rate of the limits scenario's claims: its start log is filled to 990 of 1000
+#: first (each claim reads the log and writes it back: the cost grows with the count).
+LIMITED_RATE = "1000/h"
 DRAIN_JOBS = 20_000
 #: The best settings found for a no-op drain (bench/RESULTS.md has the sweep): the claim
 #: batch is the number of free slots, so concurrency is the batch size.
@@ -87,7 +91,7 @@ class Bench:
 
     def reset(self) -> None:
         with self.engine.begin() as conn:
-            conn.execute(text("TRUNCATE sqlaq_jobs"))
+            conn.execute(text("TRUNCATE sqlaq_jobs, sqlaq_rates, sqlaq_periodic"))
 
     def fill(self, kind: str, count: int) -> None:
         """An empty queue, then *count* due jobs of *kind*, analyzed."""
@@ -132,8 +136,9 @@ class WorkerRun:
 
 
 @contextmanager
-def worker(b: Bench, *args: str) -> Iterator[Callable[[float], WorkerRun]]:
-    """Start ``sqlaq-worker bench.app:registry *args``; yield ``wait(timeout)``.
+def worker(b: Bench, *args: str, app: str = APP) -> Iterator[Callable[[float], WorkerRun]]:
+    """Start ``sqlaq-worker <app> *args`` (default ``bench.app:registry``); yield
+    ``wait(timeout)``.
 
     The worker's logs go to a file (a pipe nobody reads could fill and block it); its
     handlers' ledger goes to another. The process is killed on the way out if it is
@@ -146,7 +151,7 @@ def worker(b: Bench, *args: str) -> Iterator[Callable[[float], WorkerRun]]:
         with log.open("wb") as out:
             started = time.perf_counter()
             proc = subprocess.Popen(
-                [*worker_command(), APP, *args], cwd=ROOT, env=env, stdout=out, stderr=out
+                [*worker_command(), app, *args], cwd=ROOT, env=env, stdout=out, stderr=out
             )
         b.workers.append(proc)
 
@@ -388,6 +393,56 @@ def claim_latency(b: Bench) -> None:
         b.record(f"6. claim 10, {label}: p99 (ms)", percentile(samples, 0.99))
 
 
+def limits(b: Bench) -> None:
+    """9. what per-kind limits cost: one claim of 10 in a transaction, plain and under
+    limits (p50, ms); and a drain of a limited kind at the best settings (jobs/s)."""
+    b.reset()
+    with b.engine.begin() as conn:
+        sqlaq.enqueue_many(conn, [NewJob("limited") for _ in range(1000)])
+        conn.execute(
+            text(
+                "INSERT INTO sqlaq_rates (kind, starts) SELECT 'limited', array_agg(now())"
+                " FROM generate_series(1, 990)"
+            )
+        )
+    worker_id = uuid.uuid4()
+    variants: dict[str, Callable[[Connection], object]] = {
+        "plain claim": lambda conn: sqlaq.claim(conn, worker_id=worker_id, limit=10),
+        "claim_limited, concurrency": lambda conn: sqlaq.claim_limited(
+            conn, worker_id=worker_id, kind="limited", limit=10, concurrency=100_000
+        ),
+        "claim_limited, rate": lambda conn: sqlaq.claim_limited(
+            conn, worker_id=worker_id, kind="limited", limit=10, rate=LIMITED_RATE
+        ),
+        "claim_limited, both": lambda conn: sqlaq.claim_limited(
+            conn,
+            worker_id=worker_id,
+            kind="limited",
+            limit=10,
+            concurrency=100_000,
+            rate=LIMITED_RATE,
+        ),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    with b.engine.connect() as conn:
+        for _ in range(300):  # interleaved, so drift hits every variant alike
+            for name, claim in variants.items():
+                start = time.perf_counter()
+                claim(conn)
+                conn.rollback()  # the jobs stay queued, the start log unchanged
+                samples[name].append((time.perf_counter() - start) * 1000)
+    for name, values in samples.items():
+        b.record(f"9. {name}, 10 jobs, with BEGIN/ROLLBACK: p50 (ms)", percentile(values, 0.5))
+    b.fill("limited", DRAIN_JOBS)
+    args = ["--burst", "--concurrency", str(BEST_CONCURRENCY), *QUIET]
+    with worker(b, *args, app=LIMITED_APP) as wait:
+        run = wait(300)
+    b.record(
+        f"9. drain limited kind, --concurrency {BEST_CONCURRENCY} --log-level warning (jobs/s)",
+        drained(b, "limited", run),
+    )
+
+
 # The raw loop's SQL does what sqlaq's claim and complete do for due queued jobs, in the
 # same statement shapes (a MATERIALIZED CTE with SKIP LOCKED, ids handed to the primary
 # key; a complete fenced by id and lease token) and returning the same columns, so the
@@ -510,6 +565,7 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "wakeup": wakeup,
     "claim_latency": claim_latency,
     "ops_loop": ops_loop,
+    "limits": limits,
 }
 
 

@@ -7,11 +7,14 @@ Both are enforced by the database at claim time, by :func:`sqlaq.claim_limited`:
 1. ``pg_advisory_xact_lock`` on the kind, in a statement of its own, so that the
    statements after it see every claim of the kind committed before;
 2. one read of the kind's state: its live leases (running rows whose lease has not
-   expired, through a partial index on running rows) and its start log (``sqlaq_rates``:
-   the timestamps of its latest starts, at most the rate's count of them);
+   expired, through a partial index on running rows) and, from its start log
+   (``sqlaq_rates``: the timestamps of its latest starts, at most the rate's count of
+   them), how many starts count now;
 3. a claim of at most ``min(wanted, concurrency - running, rate.count - recent starts)``
    jobs of that kind (:func:`allowance`, below);
-4. for a rated kind, the start log rewritten with the new starts and trimmed.
+4. for a rated kind, the new starts appended to the log, which is trimmed to the starts
+   that still count (at most the rate's count). The log never leaves the database: a
+   claim costs the same whatever the count.
 
 The lock is released at commit, when the claimed rows become visible to the next
 holder. Jobs held back stay queued and keep their attempts: a claim that does not take
@@ -38,7 +41,7 @@ from datetime import datetime, timedelta
 
 from sqlaq.errors import ConfigError
 
-__all__ = ["MAX_RATE_COUNT", "Rate", "allowance", "recent_starts"]
+__all__ = ["MAX_RATE_COUNT", "Allowance", "Rate", "allowance"]
 
 #: The largest ``count`` of a rate: the start log holds up to that many timestamps.
 MAX_RATE_COUNT = 10_000
@@ -101,18 +104,6 @@ class Rate:
         return f"{self.count}/{self.period.total_seconds():g}s"
 
 
-def recent_starts(starts: list[datetime] | None, rate: Rate, now: datetime) -> list[datetime]:
-    """The starts of *starts* that count against *rate* at *now*, oldest first.
-
-    A start counts while it is less than one period old, and always when it is later
-    than *now* (the claiming transaction's clock started before it waited for the
-    lock, so an earlier holder may have written starts "after" it: counting them keeps
-    every window within the rate).
-    """
-    cutoff = now - rate.period
-    return sorted(s for s in starts or () if s > cutoff)
-
-
 @dataclass(frozen=True, slots=True)
 class Allowance:
     """How many jobs of a limited kind a claim may take now, and why not more.
@@ -136,7 +127,8 @@ def allowance(
     concurrency: int | None,
     running: int,
     rate: Rate | None,
-    recent: list[datetime],
+    recent: int,
+    pivot: datetime | None,
     now: datetime,
 ) -> Allowance:
     """How many of *wanted* jobs a limited kind lets a claim take (see :class:`Allowance`).
@@ -146,17 +138,22 @@ def allowance(
         concurrency: The kind's concurrency limit, or None.
         running: The kind's live leases.
         rate: The kind's rate, or None.
-        recent: Its counted starts, oldest first (:func:`recent_starts`).
+        recent: How many of its logged starts count against the rate now: those less
+            than a period old, and any later than *now* (a transaction that started
+            after this one may have taken the lock first and logged them).
+        pivot: The ``rate.count``-th newest counted start, else the oldest counted one,
+            else None: the start that must leave the window before one more may start
+            once this claim has filled the log.
         now: The claiming transaction's clock.
     """
     by_concurrency = wanted if concurrency is None else max(0, concurrency - running)
-    by_rate = wanted if rate is None else max(0, rate.count - len(recent))
+    by_rate = wanted if rate is None else max(0, rate.count - recent)
     count = min(wanted, by_concurrency, by_rate)
     rate_wait = None
     if rate is not None and count == by_rate < wanted:
-        # With this claim's starts logged at *now*, the next place opens when the start
-        # ``rate.count`` places from the newest leaves the window.
-        log = recent + [now] * count
-        rate_wait = max(timedelta(0), log[len(log) - rate.count] + rate.period - now)
+        # This claim fills the log (its starts are logged at *now*): the next place
+        # opens when the pivot leaves the window; with an empty log, one period on.
+        leaves = (pivot if pivot is not None else now) + rate.period
+        rate_wait = max(timedelta(0), leaves - now)
     full = concurrency is not None and running + count >= concurrency
     return Allowance(count, full, rate_wait)

@@ -28,7 +28,7 @@ from sqlaq import queries
 from sqlaq.encoding import NewJob, check_duration, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError
 from sqlaq.lease import Lease
-from sqlaq.limits import Rate, allowance, recent_starts
+from sqlaq.limits import Rate, allowance
 from sqlaq.schema import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
@@ -57,6 +57,9 @@ _ENQUEUE = queries.enqueue_stmt(job=NewJob("_"))
 _ENQUEUE_DEDUPE = queries.enqueue_stmt(job=NewJob("_", dedupe_key="_"))
 _CLAIM = queries.claim_stmt(queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE)
 _CLAIM_KIND = queries.claim_stmt(queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, kind="_")
+_LOCK_KIND = queries.lock_kind_stmt(kind="_")
+_KIND_STATE = queries.kind_limit_state_stmt(kind="_", rate=None)
+_RECORD_STARTS = queries.record_starts_stmt(kind="_", rate=Rate(1, DEFAULT_LEASE), started=1)
 _CLAIM_EXCLUDING = queries.claim_stmt(
     queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, exclude_kinds=["_"]
 )
@@ -303,8 +306,11 @@ class LimitedClaim:
         jobs: The claimed jobs.
         full: The kind's concurrency limit is reached: claim it again once a job of
             it ends (or at the next poll, for jobs other workers run).
-        rate_wait: The rate held jobs back: how long until it lets the next one start.
-            None when the rate is not what stopped the claim.
+        rate_wait: The rate may be holding jobs back: how long until it lets the next
+            one start. None when the rate is not what stopped the claim.
+
+    Both are False/None when the claim took fewer jobs than the limits allowed: then
+    nothing more of the kind was due.
     """
 
     jobs: list[ClaimedJob]
@@ -353,11 +359,17 @@ def claim_limited(
         raise ConfigError(f"concurrency must be a positive int, got {concurrency!r}")
     if isinstance(rate, str):
         rate = Rate.parse(rate)
-    conn.execute(queries.lock_kind_stmt(kind=kind))
-    running, starts, now = conn.execute(queries.kind_limit_state_stmt(kind=kind)).one()
-    recent = recent_starts(starts, rate, now) if rate is not None else []
+    conn.execute(_LOCK_KIND, {"b_kind": kind})
+    state = queries.kind_limit_state_params(kind=kind, rate=rate)
+    running, recent, pivot, now = conn.execute(_KIND_STATE, state).one()
     allowed = allowance(
-        limit, concurrency=concurrency, running=running, rate=rate, recent=recent, now=now
+        limit,
+        concurrency=concurrency,
+        running=running,
+        rate=rate,
+        recent=recent if rate is not None else 0,
+        pivot=pivot,
+        now=now,
     )
     jobs: list[ClaimedJob] = []
     if allowed.count:
@@ -365,9 +377,11 @@ def claim_limited(
             queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
         )
         jobs = _claimed(conn.execute(_CLAIM_KIND, params).all(), worker_id)
-    if rate is not None and (jobs or len(recent) != len(starts or ())):
-        log = (recent + [now] * len(jobs))[-rate.count :]
-        conn.execute(queries.record_starts_stmt(kind=kind, starts=log))
+    if rate is not None and jobs:
+        started = queries.record_starts_params(kind=kind, rate=rate, started=len(jobs))
+        conn.execute(_RECORD_STARTS, started)
+    if len(jobs) < allowed.count:
+        return LimitedClaim(jobs)  # nothing more is due: no limit held anything back
     return LimitedClaim(jobs, allowed.full, allowed.rate_wait)
 
 

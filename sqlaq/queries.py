@@ -65,6 +65,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
 from sqlaq.encoding import NewJob, encode_payload
 from sqlaq.lease import Lease
+from sqlaq.limits import Rate
 from sqlaq.schema import (
     CANCEL_CHANNEL,
     CHANNEL,
@@ -102,6 +103,7 @@ __all__ = [
     "get_job_stmt",
     "handback_stmt",
     "has_schema_revision_stmt",
+    "kind_limit_state_params",
     "kind_limit_state_stmt",
     "listen_stmt",
     "lock_kind_stmt",
@@ -109,6 +111,7 @@ __all__ = [
     "periodic_insert_stmt",
     "periodic_lock_stmt",
     "prune_stmt",
+    "record_starts_params",
     "record_starts_stmt",
     "resign_stmt",
     "retry_stmt",
@@ -427,38 +430,102 @@ def lock_kind_stmt(*, kind: str) -> Select[Any]:
     return select(func.pg_advisory_xact_lock(literal_column(str(KIND_LOCK_CLASS), Integer), key))
 
 
-def kind_limit_state_stmt(*, kind: str) -> Select[Any]:
-    """Select what a limited claim of *kind* needs: ``running, starts, now``.
+def kind_limit_state_params(*, kind: str, rate: Rate | None) -> dict[str, Any]:
+    """The bind values of :func:`kind_limit_state_stmt`."""
+    return {
+        "b_kind": kind,
+        "b_period": rate.period if rate else timedelta(0),
+        "b_count": rate.count if rate else 1,
+    }
 
-    ``running`` counts the kind's live leases (running rows whose lease has not
-    expired; an expired one is claimable again, so it no longer holds a slot), through
-    the running index. ``starts`` is the kind's start log from ``sqlaq_rates`` (NULL
-    when it has none), and ``now`` the transaction's clock, against which the log is
-    read and to which new starts are written.
+
+def kind_limit_state_stmt(*, kind: str, rate: Rate | None) -> Select[Any]:
+    """Select what a limited claim of *kind* needs: ``running, recent, pivot, now``.
+
+    * ``running``: the kind's live leases (running rows whose lease has not expired; an
+      expired one is claimable again, so it no longer holds a slot), counted through
+      the running index.
+    * ``recent``: how many starts of the kind's log (``sqlaq_rates``) count against
+      *rate* now: those less than a period old, and any later than ``now()`` (written
+      by a transaction that started after this one but took the lock first).
+    * ``pivot``: the start that must leave the window before one more may start once
+      the log is full: the ``count``-th newest counted start, else the oldest one (NULL
+      when none counts).
+    * ``now``: the transaction's clock, to which new starts are written.
+
+    The log stays in the database: only two numbers and a timestamp come back.
     """
-    kind_ = bindparam("b_kind", kind, Text)
+    v = kind_limit_state_params(kind=kind, rate=rate)
+    kind_ = bindparam("b_kind", v["b_kind"], Text)
     running = (
         select(func.count())
         .select_from(jobs)
         .where(_RUNNING, c.kind == kind_, c.run_at > _NOW)
         .scalar_subquery()
     )
-    starts = select(rates.c.starts).where(rates.c.kind == kind_).scalar_subquery()
-    return select(running.label("running"), starts.label("starts"), _NOW.label("now"))
-
-
-def record_starts_stmt(*, kind: str, starts: Sequence[datetime]) -> Insert:
-    """Replace the start log of *kind* with *starts* (an upsert on ``sqlaq_rates``).
-
-    The caller holds the kind's claim lock and has trimmed the log to the rate's
-    window and count, so the row never grows past the rate's count of timestamps.
-    """
-    stmt = insert(rates).values(
-        kind=bindparam("b_kind", kind, Text),
-        starts=bindparam("b_starts", list(starts), ARRAY(TIMESTAMP(timezone=True))),
+    start = _counted_starts(bindparam("b_period", v["b_period"], Interval), kind_)
+    recent = select(func.count()).select_from(start).scalar_subquery()
+    kth_newest = (
+        select(start.c.s)
+        .order_by(start.c.s.desc())
+        .offset(bindparam("b_count", v["b_count"], Integer) - literal_column("1", Integer))
+        .limit(1)
+        .scalar_subquery()
     )
+    oldest = select(func.min(start.c.s)).scalar_subquery()
+    return select(
+        running.label("running"),
+        recent.label("recent"),
+        func.coalesce(kth_newest, oldest).label("pivot"),
+        _NOW.label("now"),
+    )
+
+
+def _counted_starts(period: ColumnElement[Any], kind: ColumnElement[str]) -> Any:
+    """``SELECT s FROM sqlaq_rates, unnest(starts) AS s WHERE kind = :kind AND s > now() -
+    :period``, as a subquery with column ``s``."""
+    s = func.unnest(rates.c.starts).table_valued("s").render_derived(name="start")
+    return (
+        select(s.c.s)
+        .select_from(rates)
+        .join(s, literal_column("true", Boolean))
+        .where(rates.c.kind == kind, s.c.s > _NOW - period)
+        .subquery("counted")
+    )
+
+
+def record_starts_params(*, kind: str, rate: Rate, started: int) -> dict[str, Any]:
+    """The bind values of :func:`record_starts_stmt`."""
+    return {"b_kind": kind, "b_period": rate.period, "b_count": rate.count, "b_started": started}
+
+
+def record_starts_stmt(*, kind: str, rate: Rate, started: int) -> Insert:
+    """Log *started* new starts of *kind* at ``now()``, keeping only the starts that
+    still count and at most the rate's count of them (the newest).
+
+    Renders ``INSERT INTO sqlaq_rates (kind, starts) VALUES (:b_kind, <new starts>) ON
+    CONFLICT (kind) DO UPDATE SET starts = ARRAY(SELECT s FROM (<counted old starts>
+    UNION ALL <new starts>) ORDER BY s DESC LIMIT :b_count)``. The caller holds the
+    kind's claim lock, so no one else writes the row meanwhile; the array never leaves
+    the database.
+    """
+    v = record_starts_params(kind=kind, rate=rate, started=started)
+    new = select(_NOW.label("s")).select_from(
+        func.generate_series(
+            literal_column("1", Integer), bindparam("b_started", v["b_started"], Integer)
+        )
+    )
+    count = bindparam("b_count", v["b_count"], Integer)
+    stmt = insert(rates).values(
+        kind=bindparam("b_kind", v["b_kind"], Text),
+        starts=func.array(new.limit(count).scalar_subquery()),
+    )
+    old = func.unnest(rates.c.starts).table_valued("s").render_derived(name="old")
+    period = bindparam("b_period", v["b_period"], Interval)
+    kept = select(old.c.s).where(old.c.s > _NOW - period).union_all(new).subquery("kept")
+    merged = select(kept.c.s).order_by(kept.c.s.desc()).limit(count).scalar_subquery()
     return stmt.on_conflict_do_update(
-        index_elements=[rates.c.kind], set_={"starts": stmt.excluded.starts}
+        index_elements=[rates.c.kind], set_={"starts": func.array(merged)}
     )
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, text
 from workerkit import count_status, ledger_table, rows, wait_until, worker_processes
 
 import sqlaq
-from sqlaq.limits import MAX_RATE_COUNT, Rate, allowance, recent_starts
+from sqlaq.limits import MAX_RATE_COUNT, Rate, allowance
 
 FAST = ["--poll-interval", "0.2", "--log-level", "info"]
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -74,23 +74,31 @@ def test_rate_bounds_its_count() -> None:
 
 
 def test_allowance_takes_the_tightest_limit() -> None:
-    assert allowance(10, concurrency=2, running=0, rate=None, recent=[], now=T0).count == 2
-    full = allowance(10, concurrency=2, running=2, rate=None, recent=[], now=T0)
-    assert (full.count, full.full, full.rate_wait) == (0, True, None)
+    def allow(wanted: int, **state: Any) -> tuple[int, bool, timedelta | None]:
+        given = {"concurrency": None, "running": 0, "rate": None, "recent": 0, "pivot": None}
+        got = allowance(wanted, now=T0, **(given | state))
+        return got.count, got.full, got.rate_wait
+
+    assert allow(10, concurrency=2) == (2, True, None)
+    assert allow(10, concurrency=2, running=2) == (0, True, None)
+    assert allow(1, concurrency=5, running=3) == (1, False, None)
     rate = Rate(3, timedelta(seconds=1))
-    recent = [T0 - timedelta(milliseconds=900), T0 - timedelta(milliseconds=100)]
-    held = allowance(10, concurrency=5, running=0, rate=rate, recent=recent, now=T0)
-    # One place left; after it, the oldest start leaves the window 100 ms from now.
-    assert (held.count, held.full, held.rate_wait) == (1, False, timedelta(milliseconds=100))
-    free = allowance(2, concurrency=None, running=0, rate=rate, recent=[], now=T0)
-    assert (free.count, free.rate_wait) == (2, None)
-
-
-def test_recent_starts_drop_old_ones_and_keep_later_ones() -> None:
-    rate = Rate(5, timedelta(seconds=1))
-    starts = [T0 - timedelta(seconds=1), T0 - timedelta(milliseconds=999), T0 + timedelta(1)]
-    assert recent_starts(starts, rate, T0) == starts[1:]
-    assert recent_starts(None, rate, T0) == []
+    # Two starts count; one place left; after it the log is full, and the oldest start
+    # (the pivot) leaves the window 100 ms from now.
+    oldest = T0 - timedelta(milliseconds=900)
+    assert allow(10, concurrency=5, rate=rate, recent=2, pivot=oldest) == (
+        1,
+        False,
+        timedelta(milliseconds=100),
+    )
+    assert allow(2, rate=rate) == (2, False, None)  # the rate does not bind
+    assert allow(5, rate=rate) == (3, False, timedelta(seconds=1))  # an empty log fills
+    # A log fuller than the rate (it was lowered): nothing, until the pivot leaves.
+    assert allow(5, rate=rate, recent=4, pivot=T0 - timedelta(milliseconds=500)) == (
+        0,
+        False,
+        timedelta(milliseconds=500),
+    )
 
 
 def test_registry_checks_limits() -> None:
@@ -145,6 +153,11 @@ def test_jobs_over_the_rate_stay_queued_with_their_attempts(committed: Engine) -
     assert [tuple(row) for row in waiting] == [("queued", 0), ("queued", 0)]
     (starts,) = rows(committed, "SELECT starts FROM sqlaq_rates WHERE kind = 'api'")[0]
     assert sorted(starts) == sorted(job.attempted_at for job in first.jobs)
+    # A start later than a claim's clock counts too: a transaction that began before
+    # another took the lock sees that one's starts "in its future".
+    with committed.begin() as conn:
+        conn.execute(text("UPDATE sqlaq_rates SET starts = ARRAY[now() + interval '1 minute']"))
+    assert len(claim_limited(committed, "api", rate="3/h").jobs) == 2
 
 
 def test_the_start_log_keeps_only_the_rates_count(committed: Engine) -> None:
@@ -302,3 +315,27 @@ def test_claimed_jobs_carry_their_start_on_the_database_clock(conn: Connection) 
     (job,) = sqlaq.claim(conn, worker_id=uuid.uuid4())
     now = conn.execute(text("SELECT now()")).scalar_one()
     assert job.attempted_at == now
+
+
+@pytest.mark.timeout(60)
+def test_a_burst_worker_waits_out_the_rate_then_exits(committed: Engine) -> None:
+    """Burst runs what is due, limited kinds included: jobs the rate holds back are
+    waited for (they are due), then the worker stops."""
+    registry = sqlaq.Registry()
+    registry.add("rated", lambda payload: None, rate="4/s")
+    registry.add("capped", lambda payload: None, concurrency=1)
+    ids = enqueue(committed, "rated", 9) + enqueue(committed, "capped", 3)
+    worker = sqlaq.Worker(committed, registry, burst=True, poll_interval=timedelta(seconds=0.1))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    thread.join(30)
+    assert worker.stopped.is_set()
+    assert count_status(committed, "done") == len(ids)
+    attempted = sorted(
+        r[0]
+        for r in rows(
+            committed,
+            "SELECT attempted_at FROM sqlaq_jobs WHERE kind = 'rated' ORDER BY attempted_at",
+        )
+    )
+    assert attempted[8] - attempted[0] >= timedelta(seconds=2)  # 9 starts at 4/s
