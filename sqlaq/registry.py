@@ -222,8 +222,15 @@ class Registry:
 
         def register(func: F) -> F:
             the_kind = kind if kind is not None else getattr(func, "__name__", "")
-            if the_kind not in self._handlers:
+            existing = self._handlers.get(the_kind)
+            if existing is None:
                 self.add(the_kind, cast("HandlerFunc", func))
+            elif existing.func is not func:
+                raise ConfigError(
+                    f"kind {the_kind!r} already has another handler ({existing.func!r}); "
+                    f"@registry.periodic would never call {func!r}: use "
+                    "registry.add_periodic to schedule that kind"
+                )
             self.add_periodic(
                 schedule,
                 kind=the_kind,

@@ -149,7 +149,7 @@ class Worker:
         # Limited kinds (a concurrency limit or a rate) are claimed one kind at a time
         # under the kind's lock (ops.claim_limited); the plain claim skips them.
         self._limited = sorted((h for h in registry if h.limited), key=lambda h: h.kind)
-        self._unlimited_only = [h.kind for h in self._limited]
+        self._limited_kinds = [h.kind for h in self._limited]
         self._blocked: dict[str, float] = {}  # limited kind -> monotonic time to retry
         self._full: set[str] = set()  # limited kinds blocked by their concurrency limit
         self._empty: set[tuple[str, str]] = set()  # (queue, limited kind): none due
@@ -300,7 +300,7 @@ class Worker:
                 queue=queue,
                 limit=room - taken,
                 lease=self.config.lease,
-                exclude_kinds=self._unlimited_only,
+                exclude_kinds=self._limited_kinds,
             )
             conn.commit()  # ends SQLAlchemy's own transaction; nothing is sent
         except Exception as exc:

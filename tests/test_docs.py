@@ -43,11 +43,13 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -334,6 +336,238 @@ def pytest_session_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
         for test in tests:
             test(**{name: namespace[name] for name in inspect.signature(test).parameters})
     assert welcomed == [{"email": "ada@example.com", "template": "welcome"}]
+
+
+def _jobs_module(**names: Any) -> dict[str, Any]:
+    """The namespace of a sample that continues the README's ``myapp/jobs.py``: what its
+    imports gave (``Any``, ``timedelta``, ``sqlaq``), a fresh ``registry``, and *names*."""
+    return {
+        "__name__": "myapp.jobs",
+        "Any": Any,
+        "timedelta": timedelta,
+        "sqlaq": sqlaq,
+        "registry": sqlaq.Registry(),
+        **names,
+    }
+
+
+def _wait_for(condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@prelude("snooze")
+def snooze_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
+    """``uploads`` (upload 1 still uploading, upload 2 complete) and a recording
+    ``importer``; then the sample's handler runs a job for each upload."""
+    uploads = {
+        1: SimpleNamespace(id=1, complete=False),
+        2: SimpleNamespace(id=2, complete=True),
+    }
+    loaded: list[SimpleNamespace] = []
+    namespace = _jobs_module(uploads=uploads, importer=SimpleNamespace(load=loaded.append))
+    yield namespace
+
+    registry: sqlaq.Registry = namespace["registry"]
+    waiting, ready = (
+        registry.enqueue(clean_conn, "import_upload", {"upload_id": upload}).job_id
+        for upload in (1, 2)
+    )
+    results = {result.id: result for result in drain(clean_conn, registry)}
+
+    assert results[ready].status == "done", results[ready].error
+    assert loaded == [uploads[2]]
+    # Snoozed: queued again a minute later, the attempt refunded, no error recorded.
+    assert results[waiting].status == "queued", results[waiting].error
+    row = clean_conn.execute(
+        text("SELECT attempts, last_error, run_at - now() AS wait FROM sqlaq_jobs WHERE id = :id"),
+        {"id": waiting},
+    ).one()
+    assert (row.attempts, row.last_error, row.wait) == (0, None, timedelta(minutes=1))
+
+
+def _handler(registry: sqlaq.Registry, kind: str) -> sqlaq.Handler:
+    handler = registry.get(kind)
+    assert handler is not None, f"the sample registers no handler for {kind!r}"
+    return handler
+
+
+@prelude("limits")
+def limits_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database and recording ``transcoder`` and ``geocoder``;
+    then claims of the sample's kinds, as a worker makes them, take what the declared
+    limits allow and no more."""
+    transcoded: list[int] = []
+    looked_up: list[int] = []
+    namespace = _jobs_module(
+        engine=committed,
+        transcoder=SimpleNamespace(run=transcoded.append),
+        geocoder=SimpleNamespace(lookup=looked_up.append),
+    )
+    yield namespace
+
+    registry: sqlaq.Registry = namespace["registry"]
+    videos, geocode = _handler(registry, "process_video"), _handler(registry, "geocode")
+    assert (videos.concurrency, videos.rate) == (2, None)
+    assert (geocode.concurrency, geocode.rate) == (None, sqlaq.Rate(5, timedelta(seconds=1)))
+    limited = sorted(handler.kind for handler in registry if handler.limited)
+    assert limited == ["geocode", "process_video"]
+    worker_id = uuid.uuid4()
+    with committed.connect() as conn:
+        transaction = conn.begin()
+        try:
+            for video in (8, 9):  # the sample committed video 7
+                registry.enqueue(conn, "process_video", {"video_id": video}, queue="videos")
+            for address in range(8):
+                registry.enqueue(conn, "geocode", {"address_id": address})
+
+            def claim_limited(handler: sqlaq.Handler, queue: str) -> sqlaq.LimitedClaim:
+                return sqlaq.claim_limited(
+                    conn,
+                    worker_id=worker_id,
+                    kind=handler.kind,
+                    queue=queue,
+                    limit=10,
+                    concurrency=handler.concurrency,
+                    rate=handler.rate,
+                )
+
+            # Two videos at once, then the kind is full; video 9 stays queued.
+            first = claim_limited(videos, "videos")
+            assert [job.payload["video_id"] for job in first.jobs] == [7, 8]
+            assert first.full
+            again = claim_limited(videos, "videos")
+            assert (again.jobs, again.full) == ([], True)
+            # Five geocodes start in this second; the next may start a second later.
+            geocoded = claim_limited(geocode, "default")
+            assert len(geocoded.jobs) == 5
+            assert geocoded.rate_wait == timedelta(seconds=1)
+            # The plain claim, which skips the limited kinds, finds nothing to take.
+            for queue in ("videos", "default"):
+                plain = sqlaq.claim(
+                    conn, worker_id=worker_id, queue=queue, limit=10, exclude_kinds=limited
+                )
+                assert plain == []
+            for job in first.jobs + geocoded.jobs:
+                _handler(registry, job.kind).func(job.payload)
+            assert transcoded == [7, 8]
+            assert looked_up == [0, 1, 2, 3, 4]
+        finally:
+            transaction.rollback()
+
+
+class Recorder:
+    """Records the arguments of every call of any of its methods, by method name."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[Any]] = {}
+
+    def __getattr__(self, name: str) -> Callable[[Any], None]:
+        return self.calls.setdefault(name, []).append
+
+
+@prelude("periodic")
+def periodic_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
+    """Recording ``reports`` and ``digests``; then the sample's schedules are walked
+    through a Monday morning with a simulated clock: first sight, the 08:00 slot of
+    each (once, however often asked), and the jobs run."""
+    reports, digests = Recorder(), Recorder()
+    namespace = _jobs_module(reports=reports, digests=digests)
+    yield namespace
+
+    registry: sqlaq.Registry = namespace["registry"]
+    assert [
+        (p.name, p.kind, p.schedule.expression, dict(p.payload), p.max_attempts)
+        for p in registry.periodics
+    ] == [
+        ("daily_digest", "send_digest", "0 8 * * *", {"period": "day"}, 3),
+        ("hourly_report", "hourly_report", "0 * * * *", {"scope": "all"}, 5),
+        ("weekly_digest", "send_digest", "0 8 * * mon", {"period": "week"}, 3),
+    ]
+    monday = datetime(2026, 1, 5, tzinfo=UTC)
+
+    def enqueue_periodic(at: timedelta) -> list[tuple[str, datetime]]:
+        enqueued = sqlaq.enqueue_periodic(clean_conn, registry.periodics, now=monday + at)
+        return sorted((job.name, job.slot) for job in enqueued)
+
+    assert enqueue_periodic(timedelta(hours=7, minutes=30)) == []  # first sight
+    eight = monday + timedelta(hours=8)
+    assert enqueue_periodic(timedelta(hours=8, seconds=1)) == [
+        ("daily_digest", eight),
+        ("hourly_report", eight),
+        ("weekly_digest", eight),
+    ]
+    assert enqueue_periodic(timedelta(hours=8, minutes=1)) == []  # each slot once
+    keys = clean_conn.execute(text("SELECT dedupe_key FROM sqlaq_jobs ORDER BY id")).scalars()
+    assert "periodic:hourly_report:2026-01-05T08:00:00+00:00" in list(keys)
+
+    results = drain(clean_conn, registry)
+    assert [result.status for result in results] == ["done"] * 3, results
+    assert reports.calls == {"build": ["all"]}
+    assert sorted(digests.calls["send"]) == ["day", "week"]
+
+
+class ReportPages:
+    """``render`` records pages; rendering page 1 takes until its job is cancelled (at
+    most 10 s), the way a long step would."""
+
+    def __init__(self) -> None:
+        self.rendered: list[int] = []
+        self.started = threading.Event()
+
+    def report_pages(self, report_id: int) -> list[int]:
+        return [1, 2, 3]
+
+    def render(self, page: int) -> None:
+        self.rendered.append(page)
+        if page == 1:
+            self.started.set()
+            job = sqlaq.current_job()
+            _wait_for(lambda: job.cancelled, "the cancel to reach the handler")
+
+
+@prelude("cancel")
+def cancel_prelude(committed: Engine, caplog: pytest.LogCaptureFixture) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database, ``log``, and ``report_pages`` and ``render``;
+    then a worker runs an export job, the sample's ``stop_export`` cancels it while it
+    runs, and the handler stops early with nothing written over the cancel."""
+    pages = ReportPages()
+    caplog.set_level(logging.INFO, logger="myapp.jobs")
+    namespace = _jobs_module(
+        engine=committed,
+        log=logging.getLogger("myapp.jobs"),
+        report_pages=pages.report_pages,
+        render=pages.render,
+    )
+    yield namespace
+
+    registry: sqlaq.Registry = namespace["registry"]
+    with committed.begin() as conn:
+        job_id = registry.enqueue(conn, "export_report", {"report_id": 7}).job_id
+    results: list[sqlaq.JobResult] = []
+    worker = sqlaq.Worker(
+        committed, registry, concurrency=1, maintenance=False, on_job_finished=results.append
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        _wait_for(lambda: worker.listening, "the worker's listener")
+        assert pages.started.wait(10), "the export did not start"
+        namespace["stop_export"](job_id)
+        _wait_for(lambda: results, "the job's outcome")
+    finally:
+        worker.stop(now=True)
+        thread.join(10)
+    assert not thread.is_alive()
+    assert pages.rendered == [1]
+    assert [result.status for result in results] == [sqlaq.JobStatus.CANCELLED]
+    assert "export of report 7 cancelled" in caplog.messages
+    with committed.connect() as conn:
+        assert [tuple(row) for row in _jobs(conn)] == [
+            ("export_report", {"report_id": 7}, "cancelled")
+        ]
 
 
 def _imported_names(code: str) -> tuple[list[str], list[str]]:

@@ -129,6 +129,8 @@ def test_registry_periodic_registers_the_handler_and_the_schedule() -> None:
 def test_registry_periodic_rejects_bad_schedules_and_names() -> None:
     registry = sqlaq.Registry()
     registry.add("report", print)
+    with pytest.raises(sqlaq.ConfigError, match="would never call"):
+        registry.periodic("* * * * *", kind="report")(repr)
     with pytest.raises(sqlaq.ConfigError, match="cron"):
         registry.add_periodic("every hour", kind="report")
     with pytest.raises(sqlaq.ConfigError, match="no handler for kind 'nothing'"):
