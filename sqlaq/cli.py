@@ -172,6 +172,9 @@ _OPTIONS = (
             _parse_queues, DEFAULT_QUEUES, metavar="NAME", kind="append"),
     _Option("--concurrency", "SQLAQ_CONCURRENCY", "jobs run at once",
             _parse_int, DEFAULT_CONCURRENCY, metavar="N"),
+    _Option("--prefetch", "SQLAQ_PREFETCH", "jobs claimed ahead of free slots, so a "
+            "freed slot starts its next job at once",
+            _parse_int, 0, metavar="N"),
     _Option("--lease", "SQLAQ_LEASE", "how long a claim holds a job; renewed every "
             "third of it while the job runs",
             parse_duration, DEFAULT_LEASE, metavar=_DURATION),
@@ -285,6 +288,7 @@ def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Wor
     names = (
         "queues",
         "concurrency",
+        "prefetch",
         "lease",
         "poll_interval",
         "grace_period",

@@ -606,6 +606,12 @@ def cancelled_among(conn: Executor, job_ids: Iterable[int]) -> list[int]:
     return list(conn.execute(queries.cancelled_among_stmt(job_ids=ids)).scalars())
 
 
+def notify_queues(conn: Executor, queues: Sequence[str]) -> None:
+    """Wake the workers of *queues* when the caller commits (NOTIFY ``sqlaq_jobs``)."""
+    if queues:
+        conn.execute(queries.notify_queues_stmt(queues=queues)).all()
+
+
 def sweep(conn: Executor, *, limit: int = DEFAULT_PRUNE_BATCH) -> int:
     """End up to *limit* expired leases: a job on its last attempt is marked failed,
     any other is queued again, due now (``last_error`` says the lease expired).

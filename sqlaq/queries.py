@@ -107,6 +107,7 @@ __all__ = [
     "kind_limit_state_stmt",
     "listen_stmt",
     "lock_kind_stmt",
+    "notify_queues_stmt",
     "periodic_advance_stmt",
     "periodic_insert_stmt",
     "periodic_lock_stmt",
@@ -1020,6 +1021,18 @@ def handback_stmt(*, leases: Collection[Lease]) -> Select[int, Any]:
     # The channel is a constant of schema.py, inlined like the status literals.
     channel = literal_column(f"'{CHANNEL}'", Text)
     return select(handed.c.id, func.pg_notify(channel, handed.c.queue))
+
+
+def notify_queues_stmt(*, queues: Sequence[str]) -> Select[Any]:
+    """``SELECT pg_notify('sqlaq_jobs', q) FROM unnest(:b_queues) AS q``: wake the
+    workers of *queues* (on commit), as the insert trigger does for new jobs."""
+    names = (
+        func.unnest(bindparam("b_queues", list(queues), ARRAY(Text)))
+        .table_valued("q")
+        .render_derived(name="woken")
+    )
+    channel = literal_column(f"'{CHANNEL}'", Text)
+    return select(func.pg_notify(channel, names.c.q)).select_from(names)
 
 
 def listen_stmt(*, channel: str | Sequence[str] = CHANNEL) -> psycopg.sql.Composed:

@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import traceback
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -165,16 +166,28 @@ def describe_error(error: BaseException) -> str:
 
 
 class Runner:
-    """Executes runs: sync handlers on up to *size* threads, async ones on one loop.
+    """Executes runs: sync handlers on up to *size* threads, async ones on one loop, at
+    most *size* of either kind at once.
+
+    Runs may be submitted beyond *size* (a worker that prefetches does): they wait, sync
+    ones in the threads' queue and async ones in a waiting line on the loop, and start
+    as running ones finish, with no round trip through the worker. One gate, shared by
+    threads and loop, keeps the handlers running at once at *size* or fewer.
 
     Args:
-        size: The most sync handlers running at once (the worker's concurrency).
+        size: The most handlers running at once (the worker's concurrency).
+        mixed: Sync and async handlers may run side by side, so sync ones pass the
+            gate too. False when all handlers are of one sort: *size* threads are then
+            the bound of sync ones, and the gate only counts async ones.
         on_finished: Called with each finished run, from the thread that ran it. The
             run's ``error``, ``retry_in`` and ``duration`` are set before the call.
     """
 
-    def __init__(self, size: int, on_finished: Callable[[Run], None]) -> None:
+    def __init__(
+        self, size: int, on_finished: Callable[[Run], None], *, mixed: bool = True
+    ) -> None:
         self._size = size
+        self._mixed = mixed
         self._on_finished = on_finished
         self._queue: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -182,12 +195,17 @@ class Runner:
         self._loop_thread: threading.Thread | None = None
         self._loop_lock = threading.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: deque[Run] = deque()  # async runs not started; the loop pops them
         self._blocking = 0  # sync runs submitted and not finished
         self._count_lock = threading.Lock()
+        self._count = threading.Lock()  # guards _running
+        self._running = 0  # handlers started and not finished, sync and async
+        self._gate = threading.Condition()  # sync threads wait on it while the gate is full
+        self._waiters = 0
 
     def submit(self, runs: Iterable[Run]) -> None:
-        """Start *runs*: sync handlers on the threads (started as first needed, up to
-        *size*), async ones on the loop."""
+        """Start *runs* (or queue them, beyond *size*): sync handlers on the threads
+        (started as first needed, up to *size*), async ones on the loop."""
         coroutines: list[Run] = []
         blocking = 0
         for run in runs:
@@ -202,7 +220,28 @@ class Runner:
                 wanted = min(self._size, self._blocking)
             self._grow(wanted)
         if coroutines:
-            self._ensure_loop().call_soon_threadsafe(self._start_tasks, coroutines)
+            self._waiting.extend(coroutines)
+            self._ensure_loop().call_soon_threadsafe(self._pump)
+
+    def withdraw(self) -> list[Run]:
+        """Take back every submitted run that has not started (for a stopping worker,
+        which hands their jobs back); they will never start."""
+        taken: list[Run] = []
+        while True:
+            try:
+                run = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if run is not None:
+                taken.append(run)
+        with self._count_lock:
+            self._blocking -= len(taken)
+        while True:
+            try:
+                taken.append(self._waiting.popleft())
+            except IndexError:
+                break
+        return taken
 
     def close(self) -> None:
         """Let idle threads exit, cancel running async handlers, stop the loop.
@@ -224,10 +263,57 @@ class Runner:
             self._threads.append(thread)
             thread.start()
 
+    # -- the gate: at most *size* handlers at once -----------------------------------------
+
+    def _enter(self) -> None:
+        """Wait for a place under the gate (sync threads). The fast path is one plain
+        lock; the condition is used only while the gate is full."""
+        with self._count:
+            if self._running < self._size:
+                self._running += 1
+                return
+        with self._gate:
+            self._waiters += 1
+            try:
+                while True:
+                    with self._count:
+                        if self._running < self._size:
+                            self._running += 1
+                            return
+                    self._gate.wait()
+            finally:
+                self._waiters -= 1
+
+    def _try_enter(self) -> bool:
+        with self._count:
+            if self._running >= self._size:
+                return False
+            self._running += 1
+            return True
+
+    def _leave(self) -> None:
+        with self._count:
+            self._running -= 1
+        if self._waiters:  # a waiter holds the gate until it waits: the notify lands
+            with self._gate:
+                self._gate.notify()
+        if self._waiting and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._pump)
+
+    # -- sync handlers -------------------------------------------------------------------
+
     def _serve(self) -> None:
         get = self._queue.get
+        if not self._mixed:  # the threads alone keep sync handlers at *size*
+            while (run := get()) is not None:
+                self._run_one(run)
+            return
         while (run := get()) is not None:
-            self._run_one(run)
+            self._enter()
+            try:
+                self._run_one(run)
+            finally:
+                self._leave()
 
     def _run_one(self, run: Run) -> None:
         token = bind(run.context)
@@ -235,11 +321,13 @@ class Runner:
         try:
             if run.handler is None:  # pragma: no cover - the worker never submits these
                 raise RuntimeError(f"no handler for kind {run.job.kind!r}")
-            result = run.handler.func(run.job.payload)
-            if result is not None and inspect.isawaitable(result):
-                # A sync callable that returned an awaitable (a wrapped coroutine
-                # function): run it on the shared loop rather than a loop of its own.
-                asyncio.run_coroutine_threadsafe(_awaited(result), self._ensure_loop()).result()
+            if not run.lost:  # a job cancelled while it waited is not started
+                result = run.handler.func(run.job.payload)
+                if result is not None and inspect.isawaitable(result):
+                    # A sync callable that returned an awaitable (a wrapped coroutine
+                    # function): run it on the shared loop rather than a loop of its own.
+                    future = asyncio.run_coroutine_threadsafe(_awaited(result), self._ensure_loop())
+                    future.result()
         except BaseException as exc:  # a handler's error never ends the slot thread
             run.fail(exc)
         finally:
@@ -268,9 +356,15 @@ class Runner:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
-    def _start_tasks(self, runs: list[Run]) -> None:
+    def _pump(self) -> None:
+        """Start waiting async runs while the gate lets them (in the loop's thread)."""
         loop = asyncio.get_running_loop()
-        for run in runs:
+        while self._waiting and self._try_enter():
+            try:
+                run = self._waiting.popleft()
+            except IndexError:  # withdrawn meanwhile
+                self._leave()
+                return
             task = loop.create_task(self._run_one_async(run))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -283,11 +377,14 @@ class Runner:
         bind(run.context)
         started = perf_counter()
         try:
-            await cast(Awaitable[object], handler.func(run.job.payload))
+            if not run.lost:  # a job cancelled while it waited is not started
+                await cast(Awaitable[object], handler.func(run.job.payload))
         except asyncio.CancelledError:
             return  # cancelled at shutdown, after its job was handed back
         except BaseException as exc:  # recorded on the job, like a sync handler's
             run.fail(exc)
+        finally:
+            self._leave()
         run.duration = perf_counter() - started
         self._on_finished(run)
 

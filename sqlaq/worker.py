@@ -136,14 +136,17 @@ class Worker:
         self._writer: threading.Thread | None = None
         self._claim_conn: Connection | None = None  # the run thread's
         self._write_conn: Connection | None = None  # the writer thread's
-        self._busy = 0  # handlers running
+        self._busy = 0  # handed to the runner, not finished: running or prefetched
         self._due: set[str] = set()  # queues that may have due jobs
         self._turn = 0
         self._next_poll = 0.0
         leases = [config.lease, *(h.lease for h in registry if h.lease is not None)]
         self._heartbeat = Heartbeat(engine, leases)
         self._db_failures = 0
-        self._runner = Runner(config.concurrency, self._handler_finished)
+        sorts = {h.is_async for h in registry}
+        self._runner = Runner(config.concurrency, self._handler_finished, mixed=len(sorts) > 1)
+        self._capacity = config.concurrency + config.prefetch  # jobs held in hand at most
+        self._refill = max(1, config.prefetch // 2)
         self._listener: Listener | None = None
         self._maintenance: Maintenance | None = None
         # Limited kinds (a concurrency limit or a rate) are claimed one kind at a time
@@ -224,13 +227,26 @@ class Worker:
             self._settle_batch()
         if self._writing is None:
             self._hand_to_writer()
-        room = self.config.concurrency - self._busy if claiming else 0
+        room = self._room() if claiming else 0
         if room > 0:
             for queue in self._due_queues():
                 room -= self._fetch(queue, room)
                 if room <= 0 or self._stopping.is_set():
                     break
         self._update_idle()
+
+    def _room(self) -> int:
+        """How many jobs to claim now: the free slots, plus the prefetch to refill.
+
+        A prefetching worker whose slots are all busy tops its prefetch up only once
+        half of it is used: one claim of many instead of a claim per freed slot (each
+        claim costs about a millisecond of the GIL, whatever its size).
+        """
+        busy, concurrency = self._busy, self.config.concurrency
+        room = self._capacity - busy
+        if busy >= concurrency and room < self._refill:
+            return 0
+        return room
 
     def _collect(self) -> None:
         while self._finished:
@@ -250,6 +266,10 @@ class Worker:
 
     def _mark_due(self, queues: tuple[str, ...] | list[str]) -> None:
         self._due.update(queues)
+        if self._full:  # a slot may have freed elsewhere (see _apply_outcomes)
+            for kind in self._full:
+                self._blocked.pop(kind, None)
+            self._full.clear()
         if self._empty:
             self._empty = {pair for pair in self._empty if pair[0] not in queues}
 
@@ -289,7 +309,10 @@ class Worker:
         when it returns, so its jobs may start at once (and a later queue's failure
         cannot undo it).
         """
-        taken = self._fetch_limited(queue, room) if self._limited else 0
+        # A limited kind is claimed only for a slot free now: a job of it never waits in
+        # memory, so its claim is its start (what its limits count).
+        free = min(room, self.config.concurrency - self._busy)
+        taken = self._fetch_limited(queue, free) if self._limited and free > 0 else 0
         if taken >= room:
             return taken
         try:
@@ -503,6 +526,12 @@ class Worker:
             elif run.snooze is not None:
                 snoozed = ops.snooze(conn, run.context.lease, run.snooze, raise_on_lost=False)
                 written.append((run, JobStatus.QUEUED if snoozed else None))
+        # A job of a concurrency-limited kind ended: its slot is free, and the workers
+        # that found the kind full (this one included) are told at once, not at their
+        # next poll.
+        freed = {r.job.queue for r in runs if r.handler is not None and r.handler.concurrency}
+        if freed:
+            ops.notify_queues(conn, sorted(freed))
         return written
 
     def _settle(self, written: _Written) -> None:
@@ -548,7 +577,7 @@ class Worker:
             return  # the writer is free: hand it the outcomes at once
         if writing is not None and writing.done.is_set():
             return
-        claimable = self._busy < self.config.concurrency and not self._stopping.is_set()
+        claimable = self._room() > 0 and not self._stopping.is_set()
         if claimable and self._due:
             return  # more may be due and there is room: claim again at once
         deadlines = [] if until is None else [until]
@@ -623,6 +652,11 @@ class Worker:
         if self._maintenance is not None:
             self._maintenance.stop(timeout=0)
         deadline = monotonic() + self.config.grace_period.total_seconds()
+        # Prefetched jobs that have not started go straight back.
+        withdrawn = self._runner.withdraw()
+        if withdrawn:
+            self._busy -= len(withdrawn)
+            self._hand_back(withdrawn)
         if self._busy:
             _log.info("worker stopping: waiting for %d running job(s)", self._busy)
         while True:
@@ -664,6 +698,24 @@ class Worker:
                 if run.job.id in handed:
                     _log.info("job handed back", extra=run.log_extra())
             return
+
+    def _hand_back(self, runs: list[Run]) -> None:
+        """Hand *runs* (never started) back at once; on a database error they stay
+        held, and :meth:`_final_write` tries again."""
+        try:
+            with self._engine.begin() as conn:
+                leases = [r.context.lease for r in runs]
+                handed = set(ops.handback(conn, leases, raise_on_lost=False))
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            _log.warning("could not hand back prefetched jobs yet: %s", describe(exc))
+            return
+        for run in runs:
+            del self._held[run.job.id]
+            run.lost = True
+            if run.job.id in handed:
+                _log.info("job handed back", extra=run.log_extra())
 
     def _close(self) -> None:
         if self._listener is not None:

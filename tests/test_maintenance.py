@@ -188,3 +188,13 @@ def test_three_workers_elect_one_leader_that_prunes_and_a_new_one_after_a_kill(
         wait_until(lambda: count_status(committed, "done") == 0, 30, "the new old jobs pruned")
         assert [pruned_by(p) for p in rest] == [30 if p is successor else 0 for p in rest]
         assert leader_holders(committed) == 1
+
+
+def test_notify_queues_wakes_each_queue_on_commit(committed: Engine, database_url: str) -> None:
+    dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN sqlaq_jobs")
+        with committed.begin() as conn:
+            sqlaq.ops.notify_queues(conn, ["a", "b"])
+        payloads = sorted(n.payload for n in listener.notifies(timeout=5, stop_after=2))
+    assert payloads == ["a", "b"]

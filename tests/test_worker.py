@@ -765,3 +765,84 @@ def test_transient_errors_are_classified_in_one_place() -> None:
         sa_exc.ProgrammingError("SELECT 1", {}, psycopg.ProgrammingError("no table"))
     )
     assert not is_transient(ValueError("bug"))
+
+
+# -- prefetch --------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_prefetch_holds_jobs_ahead_but_runs_no_more_than_concurrency(committed: Engine) -> None:
+    """concurrency=2, prefetch=3, sync and async handlers side by side: five jobs are
+    claimed, two run, and a stop hands the three that never started straight back
+    (attempt refunded) while the two running finish within the grace period."""
+    registry = sqlaq.Registry()
+    release = threading.Event()
+    lock = threading.Lock()
+    now_running: list[int] = [0]
+    most: list[int] = [0]
+
+    def enter() -> None:
+        with lock:
+            now_running[0] += 1
+            most[0] = max(most[0], now_running[0])
+
+    def leave() -> None:
+        with lock:
+            now_running[0] -= 1
+
+    @registry.handler("sync")
+    def sync_job(payload: dict[str, Any]) -> None:
+        enter()
+        release.wait(20)
+        leave()
+
+    @registry.handler("async")
+    async def async_job(payload: dict[str, Any]) -> None:
+        enter()
+        await asyncio.to_thread(release.wait, 20)
+        leave()
+
+    ids = enqueue_many(committed, "sync", 4) + enqueue_many(committed, "async", 4)
+    worker = fast_worker(
+        committed, registry, Recorder(), concurrency=2, prefetch=3, grace_period=timedelta(5)
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: count_status(committed, "running") == 5, 10, "five jobs claimed")
+        wait_until(lambda: now_running[0] == 2, 10, "two handlers running")
+        assert count_status(committed, "running") == 5  # no more claimed meanwhile
+        worker.stop()
+        # The three prefetched jobs go back at once, not after the grace period.
+        wait_until(lambda: count_status(committed, "queued") == 6, 5, "three handed back")
+        release.set()
+        assert worker.stopped.wait(10)
+    finally:
+        release.set()
+        worker.stop(now=True)
+        thread.join(10)
+    assert most[0] == 2
+    assert count_status(committed, "done") == 2
+    handed = rows(
+        committed,
+        "SELECT attempts FROM sqlaq_jobs WHERE id = ANY(:ids) AND status = 'queued'",
+        ids=ids,
+    )
+    assert [r.attempts for r in handed] == [0] * 6
+
+
+@pytest.mark.timeout(60)
+def test_prefetching_worker_runs_each_job_once(committed: Engine) -> None:
+    registry = sqlaq.Registry()
+    recorder = Recorder()
+    registry.add("noop", recorder.saw)
+    ids = enqueue_many(committed, "noop", 500)
+    worker = fast_worker(committed, registry, recorder, concurrency=4, prefetch=50, burst=True)
+    worker.run()
+    assert sorted(job_id for _, job_id, *_ in recorder.seen) == sorted(ids)
+    assert count_status(committed, "done") == 500
+
+
+def test_prefetch_must_be_a_non_negative_int() -> None:
+    with pytest.raises(sqlaq.ConfigError, match="prefetch must be between 0"):
+        WorkerConfig(prefetch=-1)
