@@ -15,7 +15,8 @@ Scenarios (bench/RESULTS.md explains each figure):
 3. ``drain``           20,000 no-op jobs drained by ``sqlaq-worker --burst`` at its
                        defaults, at its defaults with ``--log-level warning``, and at the
                        best settings found; every job checked done, every handler run once.
-4. ``drain_sleep``     20,000 jobs whose handler sleeps 10 ms, ``--concurrency 100``;
+4. ``drain_sleep``     20,000 jobs whose handler sleeps 10 ms, ``--concurrency 100``,
+                       without and with ``--prefetch 200``;
    ``thread_ceiling``  the same work in bare Python threads, no database: the ceiling.
 5. ``wakeup``          an idle worker, 200 single enqueues 20 ms apart: commit to
                        handler start.
@@ -24,6 +25,8 @@ Scenarios (bench/RESULTS.md explains each figure):
 7. ``raw_baseline``    the claim-batch / complete-batch loop in raw psycopg with
                        hand-written SQL, at the batch sizes and in-flight bounds of (3).
 8. peak RSS of each worker process (its ``VmHWM`` at exit), recorded by (3), (4), (5).
+9. ``limits``          what per-kind limits cost: a claim of 10 plain and under limits,
+                       and a drain of a kind with a concurrency limit and a rate.
 """
 
 from __future__ import annotations

@@ -10,13 +10,20 @@ The thread that calls :meth:`Worker.run` owns every piece of state and does the
 bookkeeping; its database work is split in two, so that claiming never waits for
 writing (as River's completer does; bench/RESULTS.md has the before and after)::
 
-    run thread      _fetch: one claim per due queue, limit = free slots, each on a
-                    connection held in autocommit (a claim is one statement: no BEGIN
-                    or COMMIT round trip), then _dispatch the claimed jobs at once
+    run thread      _fetch: one claim per due queue, limit = free slots (plus the
+                    prefetch), each on a connection held in autocommit (a claim is one
+                    statement: no BEGIN or COMMIT round trip), then _dispatch the
+                    claimed jobs at once; before it, each limited kind is claimed in a
+                    short transaction of its own under the kind's lock, for free slots
+                    only (ops.claim_limited), and the plain claim skips those kinds
     writer thread   one batch at a time, in one transaction on a second connection:
                     _apply_outcomes (one complete for every success, one fail per
                     failure) and, when due, _extend_leases (one extend for all running
                     jobs not being written)
+
+Two more threads of the worker's own: the listener (:mod:`sqlaq.listener`: new jobs,
+and cancels of running ones) and the maintenance thread (:mod:`sqlaq.maintenance`:
+periodic jobs, and, on the elected leader, the lease sweep and retention).
 
 The writer only runs statements over the runs it is handed and reports back; the run
 thread hands it the next batch once it has settled the last (logs, callbacks, state), so
