@@ -48,6 +48,7 @@ from sqlalchemy import Connection, Engine
 
 from sqlaq import ops, queries
 from sqlaq.config import WorkerConfig
+from sqlaq.gates import KindGates
 from sqlaq.heartbeat import Heartbeat
 from sqlaq.lease import Lease
 from sqlaq.listener import Listener, connection_params
@@ -158,11 +159,7 @@ class Worker:
         self._maintenance: Maintenance | None = None
         # Limited kinds (a concurrency limit or a rate) are claimed one kind at a time
         # under the kind's lock (ops.claim_limited); the plain claim skips them.
-        self._limited = sorted((h for h in registry if h.limited), key=lambda h: h.kind)
-        self._limited_kinds = [h.kind for h in self._limited]
-        self._blocked: dict[str, float] = {}  # limited kind -> monotonic time to retry
-        self._full: set[str] = set()  # limited kinds blocked by their concurrency limit
-        self._empty: set[tuple[str, str]] = set()  # (queue, limited kind): none due
+        self._gates = KindGates(registry)
 
     @property
     def listening(self) -> bool:
@@ -260,11 +257,8 @@ class Worker:
             run = self._finished.popleft()
             self._unwritten.append(run)
             self._busy -= 1
-            kind = run.job.kind
-            if kind in self._full:  # a slot of the kind is free again: claim it now
-                self._full.discard(kind)
-                self._blocked.pop(kind, None)
-                self._due.add(run.job.queue)
+            if self._gates and self._gates.finished(run.job.kind):
+                self._due.add(run.job.queue)  # a slot of the kind is free: claim it now
         while self._woken:
             queue = self._woken.popleft()
             self._mark_due(self.config.queues if queue is None else (queue,))
@@ -273,12 +267,8 @@ class Worker:
 
     def _mark_due(self, queues: tuple[str, ...] | list[str]) -> None:
         self._due.update(queues)
-        if self._full:  # a slot may have freed elsewhere (see _apply_outcomes)
-            for kind in self._full:
-                self._blocked.pop(kind, None)
-            self._full.clear()
-        if self._empty:
-            self._empty = {pair for pair in self._empty if pair[0] not in queues}
+        if self._gates:
+            self._gates.woken(queues)
 
     def _cancelled(self, job_id: int) -> None:
         """A job was cancelled (NOTIFY): if it runs here, its result must not be written
@@ -295,12 +285,8 @@ class Worker:
         if now >= self._next_poll:
             self._mark_due(self.config.queues)
             self._next_poll = now + self.config.poll_interval.total_seconds()
-        if self._blocked:
-            for kind, until in list(self._blocked.items()):
-                if now >= until:  # its rate window moved on, or a poll's time came
-                    del self._blocked[kind]
-                    self._full.discard(kind)
-                    self._due.update(self.config.queues)
+        if self._gates.blocked and self._gates.expire(now):
+            self._due.update(self.config.queues)  # a rate window moved on, or a poll came
         # Round robin: each turn starts one queue further, so a queue that fills every
         # free slot cannot starve the others.
         queues = self.config.queues
@@ -319,7 +305,7 @@ class Worker:
         # A limited kind is claimed only for a slot free now: a job of it never waits in
         # memory, so its claim is its start (what its limits count).
         free = min(room, self.config.concurrency - self._busy)
-        taken = self._fetch_limited(queue, free) if self._limited and free > 0 else 0
+        taken = self._fetch_limited(queue, free) if self._gates and free > 0 else 0
         if taken >= room:
             return taken
         try:
@@ -330,7 +316,7 @@ class Worker:
                 queue=queue,
                 limit=room - taken,
                 lease=self.config.lease,
-                exclude_kinds=self._limited_kinds,
+                exclude_kinds=self._gates.kinds,
             )
             conn.commit()  # ends SQLAlchemy's own transaction; nothing is sent
         except Exception as exc:
@@ -348,13 +334,10 @@ class Worker:
     def _fetch_limited(self, queue: str, room: int) -> int:
         """Claim the limited kinds' due jobs of *queue* within their limits."""
         taken = 0
-        now = monotonic()
-        for handler in self._limited:
+        for handler in self._gates.open(queue, monotonic()):
             kind = handler.kind
             if taken >= room or self._stopping.is_set():
                 break
-            if (queue, kind) in self._empty or self._blocked.get(kind, 0.0) > now:
-                continue
             try:
                 with self._engine.begin() as conn:
                     claimed = ops.claim_limited(
@@ -373,24 +356,12 @@ class Worker:
                 self._back_off(exc)
                 return taken
             self._recovered()
-            self._limited_outcome(queue, kind, claimed, room - taken)
+            self._gates.record(
+                queue, kind, claimed, room - taken, now=monotonic(), poll=self._next_poll
+            )
             self._dispatch(claimed.jobs)
             taken += len(claimed.jobs)
         return taken
-
-    def _limited_outcome(
-        self, queue: str, kind: str, claimed: ops.LimitedClaim, wanted: int
-    ) -> None:
-        """Remember why a limited claim took fewer than *wanted*: nothing due (until the
-        queue is notified or polled), the kind is full (until a job of it ends here, or
-        the next poll for jobs ending elsewhere), or its rate (until the window moves)."""
-        if claimed.rate_wait is not None:
-            self._blocked[kind] = monotonic() + claimed.rate_wait.total_seconds()
-        elif claimed.full:
-            self._full.add(kind)
-            self._blocked[kind] = self._next_poll
-        elif len(claimed.jobs) < wanted:
-            self._empty.add((queue, kind))
 
     def _claim_connection(self) -> Connection:
         if self._claim_conn is None:
@@ -590,8 +561,9 @@ class Worker:
         deadlines = [] if until is None else [until]
         if claimable:
             deadlines.append(self._next_poll)
-            if self._blocked:
-                deadlines.append(min(self._blocked.values()))
+            next_try = self._gates.next_try()
+            if next_try is not None:
+                deadlines.append(next_try)
         if self._held and writing is None:
             deadlines.append(self._heartbeat.next)  # (a busy writer wakes us when done)
         self._wake.wait(max(0.0, min(deadlines) - monotonic()) if deadlines else None)
@@ -603,7 +575,7 @@ class Worker:
             or self._finished
             or self._woken
             or self._writing
-            or self._blocked
+            or self._gates.blocked
         )
 
     def _update_idle(self) -> None:

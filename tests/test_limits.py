@@ -339,3 +339,32 @@ def test_a_burst_worker_waits_out_the_rate_then_exits(committed: Engine) -> None
         )
     )
     assert attempted[8] - attempted[0] >= timedelta(seconds=2)  # 9 starts at 4/s
+
+
+def test_kind_gates_remember_why_a_kind_is_not_worth_claiming() -> None:
+    from sqlaq.gates import KindGates
+
+    registry = sqlaq.Registry()
+    registry.add("plain", print)
+    registry.add("capped", print, concurrency=1)
+    registry.add("rated", print, rate="1/s")
+    gates = KindGates(registry)
+    assert gates.kinds == ["capped", "rated"]
+
+    def open_(queue: str, now: float) -> list[str]:
+        return [h.kind for h in gates.open(queue, now)]
+
+    gates.record("q", "capped", sqlaq.LimitedClaim([], full=True), 5, now=0.0, poll=5.0)
+    gates.record("q", "rated", sqlaq.LimitedClaim([], rate_wait=timedelta(seconds=1)), 5, 0.0, 5.0)
+    gates.record("r", "rated", sqlaq.LimitedClaim([]), 5, now=0.0, poll=5.0)  # none due
+    assert open_("q", 0.5) == []
+    assert gates.next_try() == 1.0
+    assert gates.finished("capped")  # a job of it ended here: open again
+    assert not gates.finished("plain")
+    assert open_("q", 0.5) == ["capped"]
+    assert gates.expire(1.0)
+    assert open_("q", 1.0) == ["capped", "rated"]
+    assert open_("r", 1.0) == ["capped"]  # nothing was due in r
+    gates.woken(["r"])
+    assert open_("r", 1.0) == ["capped", "rated"]
+    assert not gates.blocked
