@@ -109,6 +109,11 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"invalid boolean {text!r}: use true or false")
 
 
+def _parse_retention(text: str) -> timedelta | None:
+    """A duration, or ``forever`` (None: never deleted)."""
+    return None if text.strip().lower() == "forever" else parse_duration(text)
+
+
 def _parse_int(text: str) -> int:
     try:
         return int(text)
@@ -195,11 +200,11 @@ _OPTIONS = (
             "maintenance runs (and how soon a new leader takes over)",
             parse_duration, DEFAULT_MAINTENANCE_INTERVAL, metavar=_DURATION),
     _Option("--retain-done", "SQLAQ_RETAIN_DONE", "the leader deletes done and "
-            "cancelled jobs finished longer ago",
-            parse_duration, DEFAULT_RETAIN_DONE, metavar=_DURATION),
+            "cancelled jobs finished longer ago; 'forever' keeps them",
+            _parse_retention, DEFAULT_RETAIN_DONE, metavar=_DURATION),
     _Option("--retain-failed", "SQLAQ_RETAIN_FAILED", "the leader deletes failed jobs "
-            "finished longer ago",
-            parse_duration, DEFAULT_RETAIN_FAILED, metavar=_DURATION),
+            "finished longer ago; 'forever' keeps them",
+            _parse_retention, DEFAULT_RETAIN_FAILED, metavar=_DURATION),
     _Option("--metrics-port", "SQLAQ_METRICS_PORT", "serve Prometheus /metrics on this "
             "port (needs sqlaq[prometheus]); 0: off",
             _parse_int, 0, metavar="PORT"),

@@ -79,8 +79,10 @@ class WorkerConfig:
         maintenance_interval: How often the maintenance thread wakes (periodic jobs
             are also enqueued at each slot boundary), and so how soon another worker
             takes over from a leader that died.
-        retain_done: The leader deletes done and cancelled jobs finished longer ago.
-        retain_failed: The leader deletes failed jobs finished longer ago.
+        retain_done: The leader deletes done and cancelled jobs finished longer ago;
+            None keeps them for ever.
+        retain_failed: The leader deletes failed jobs finished longer ago; None keeps
+            them for ever.
 
     Raises:
         ConfigError: an option has an unusable type or value; the message names it.
@@ -96,8 +98,8 @@ class WorkerConfig:
     listen: bool = True
     maintenance: bool = True
     maintenance_interval: timedelta = DEFAULT_MAINTENANCE_INTERVAL
-    retain_done: timedelta = DEFAULT_RETAIN_DONE
-    retain_failed: timedelta = DEFAULT_RETAIN_FAILED
+    retain_done: timedelta | None = DEFAULT_RETAIN_DONE
+    retain_failed: timedelta | None = DEFAULT_RETAIN_FAILED
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queues", _check_queues(self.queues))
@@ -109,8 +111,9 @@ class WorkerConfig:
         _check_duration(
             "maintenance_interval", self.maintenance_interval, minimum=timedelta(milliseconds=10)
         )
-        _check_duration("retain_done", self.retain_done, minimum=timedelta(0))
-        _check_duration("retain_failed", self.retain_failed, minimum=timedelta(0))
+        for name in ("retain_done", "retain_failed"):
+            if getattr(self, name) is not None:
+                _check_duration(name, getattr(self, name), minimum=timedelta(0))
         for name in ("burst", "listen", "maintenance"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -174,7 +174,11 @@ class Maintenance:
             extra={"worker_id": self._name, "pruned": pruned, "swept": swept},
         )
 
-    def _prune(self, conn: Connection, older_than: timedelta, statuses: set[JobStatus]) -> int:
+    def _prune(
+        self, conn: Connection, older_than: timedelta | None, statuses: set[JobStatus]
+    ) -> int:
+        if older_than is None:  # kept for ever
+            return 0
         return self._in_batches(
             conn,
             lambda: ops.prune(conn, older_than=older_than, statuses=statuses, limit=BATCH),

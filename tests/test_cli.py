@@ -212,3 +212,31 @@ def test_durations_take_seconds_or_a_unit() -> None:
             parse_duration(bad)
     with pytest.raises(UsageError, match="SQLAQ_POLL_INTERVAL"):
         parse_options(["a:b"], {"DATABASE_URL": "postgresql://x/y", "SQLAQ_POLL_INTERVAL": "x"})
+
+
+def test_maintenance_prefetch_and_retention_options() -> None:
+    environ = {"DATABASE_URL": "postgresql://x/y", "SQLAQ_RETAIN_FAILED": "forever"}
+    options = parse_options(
+        [
+            "a:b",
+            "--prefetch", "50",
+            "--no-maintenance",
+            "--maintenance-interval", "2s",
+            "--retain-done", "1d",
+        ],
+        environ,
+    )  # fmt: skip
+    config = options.config
+    assert (config.prefetch, config.maintenance) == (50, False)
+    assert config.maintenance_interval == timedelta(seconds=2)
+    assert (config.retain_done, config.retain_failed) == (timedelta(days=1), None)
+    defaults = parse_options(["a:b"], {"DATABASE_URL": "postgresql://x/y"}).config
+    assert (defaults.retain_done, defaults.retain_failed) == (
+        timedelta(days=7),
+        timedelta(days=30),
+    )
+    assert (defaults.prefetch, defaults.maintenance) == (0, True)
+    with pytest.raises(UsageError, match="prefetch must be between 0"):
+        parse_options(["a:b", "--prefetch", "-1"], environ)
+    with pytest.raises(UsageError, match="invalid duration 'someday'"):
+        parse_options(["a:b", "--retain-done", "someday"], environ)

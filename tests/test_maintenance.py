@@ -198,3 +198,30 @@ def test_notify_queues_wakes_each_queue_on_commit(committed: Engine, database_ur
             sqlaq.ops.notify_queues(conn, ["a", "b"])
         payloads = sorted(n.payload for n in listener.notifies(timeout=5, stop_after=2))
     assert payloads == ["a", "b"]
+
+
+@pytest.mark.timeout(60)
+def test_retention_by_status_and_forever(committed: Engine) -> None:
+    with committed.begin() as conn:
+        sqlaq.enqueue_many(conn, [sqlaq.NewJob(kind) for kind in ("d", "f", "f", "young")])
+        conn.execute(
+            text(
+                "UPDATE sqlaq_jobs SET status = CASE kind WHEN 'd' THEN 'done' ELSE 'failed' END,"
+                " finished_at = now() - CASE kind WHEN 'young' THEN interval '1 minute'"
+                " ELSE interval '2 hours' END"
+            )
+        )
+    config = WorkerConfig(
+        maintenance_interval=timedelta(milliseconds=50),
+        retain_done=None,
+        retain_failed=timedelta(hours=1),
+    )
+    maintainer = Maintenance(committed, [], config, "m")
+    maintainer.start()
+    try:
+        wait_until(lambda: count_status(committed, "failed") == 1, 10, "old failed jobs pruned")
+        wait_until(lambda: maintainer.rounds >= 5, 10, "more rounds")
+    finally:
+        maintainer.stop()
+    assert count_status(committed, "done") == 1  # kept for ever
+    assert scalar(committed, "SELECT kind FROM sqlaq_jobs WHERE status = 'failed'") == "young"
