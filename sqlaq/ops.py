@@ -293,9 +293,9 @@ def claim(
         params = queries.claim_params(
             queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=kinds
         )
-        return _claimed(conn.execute(_CLAIM_EXCLUDING, params).all(), worker_id)
+        return _claimed(conn.execute(_CLAIM_EXCLUDING, params).all(), worker_id, lease)
     params = queries.claim_params(queue=queue, worker_id=worker_id, limit=limit, lease=lease)
-    return _claimed(conn.execute(_CLAIM, params).all(), worker_id)
+    return _claimed(conn.execute(_CLAIM, params).all(), worker_id, lease)
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +376,7 @@ def claim_limited(
         params = queries.claim_params(
             queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
         )
-        jobs = _claimed(conn.execute(_CLAIM_KIND, params).all(), worker_id)
+        jobs = _claimed(conn.execute(_CLAIM_KIND, params).all(), worker_id, lease)
     if rate is not None and jobs:
         started = queries.record_starts_params(kind=kind, rate=rate, started=len(jobs))
         conn.execute(_RECORD_STARTS, started)
@@ -407,10 +407,13 @@ def _check_kinds(kinds: Collection[str]) -> list[str]:
     return sorted(kinds)
 
 
-def _claimed(rows: Sequence[Any], worker_id: UUID) -> list[ClaimedJob]:
+def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[ClaimedJob]:
     """Claimed rows (in queries.CLAIM_COLUMNS order) as ClaimedJobs, in claim order.
 
     A row the claim marked failed (its lease expired on the last attempt) is left out.
+    ``attempted_at`` is not read back: the claim wrote ``run_at = now() + lease`` and
+    ``attempted_at = now()``, so it is ``run_at - lease``, exactly (a subtraction costs
+    less than decoding one more timestamp per row).
     """
     # Positional unpacking: attribute access by name on Row costs several times more,
     # and a worker claims thousands of rows a second.
@@ -425,7 +428,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID) -> list[ClaimedJob]:
             max_attempts,
             created_at,
             Lease(job_id, worker_id, token, attempts, run_at),
-            attempted_at,
+            run_at - lease,
         )
         for (
             job_id,
@@ -439,7 +442,6 @@ def _claimed(rows: Sequence[Any], worker_id: UUID) -> list[ClaimedJob]:
             token,
             run_at,
             created_at,
-            attempted_at,
         ) in rows
         if status == "running"
     ]

@@ -62,6 +62,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.types import UserDefinedType
 
 from sqlaq.encoding import NewJob, encode_payload
 from sqlaq.lease import Lease
@@ -157,7 +158,6 @@ CLAIM_COLUMNS = (
     c.lease_token,
     c.run_at,
     c.created_at,
-    c.attempted_at,
 )
 
 
@@ -531,11 +531,38 @@ def record_starts_stmt(*, kind: str, rate: Rate, started: int) -> Insert:
 
 
 def fence_params(leases: Collection[Lease]) -> dict[str, Any]:
-    """The bind values that fence :func:`complete_stmt` (and the others) to *leases*."""
+    """The bind values that fence :func:`complete_stmt` (and the others) to *leases*.
+
+    The id and token lists travel as array literals in text (``'{1,2,3}'``), cast to
+    ``bigint[]`` and ``uuid[]`` by the statement: psycopg adapts a list element by
+    element in Python, which cost a completing worker a few percent of its time, while a
+    joined string is one parameter.
+    """
     return {
-        "b_ids": [lease.job_id for lease in leases],
-        "b_tokens": [lease.token for lease in leases],
+        "b_ids": "{" + ",".join([str(lease.job_id) for lease in leases]) + "}",
+        "b_tokens": "{" + ",".join([str(lease.token) for lease in leases]) + "}",
     }
+
+
+class _ArrayLiteral(UserDefinedType[str]):
+    """A bind parameter holding an array literal in text (``'{1,2,3}'``), rendered with
+    the array's cast (``%(b_ids)s::BIGINT[]``). psycopg sends a str untyped, so the
+    server types the parameter as the array itself and parses it in C: the planner sees
+    an array parameter, exactly as with a list (a ``CAST`` of a text parameter instead
+    hides the array's size from it and can turn the primary-key lookup into a scan)."""
+
+    cache_ok = True
+    render_bind_cast = True
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+
+    def get_col_spec(self, **_kw: Any) -> str:
+        return self.spec
+
+
+_ID_LITERAL = _ArrayLiteral("BIGINT[]")
+_UUID_LITERAL = _ArrayLiteral("UUID[]")
 
 
 def _fence(leases: Collection[Lease]) -> ColumnElement[bool]:
@@ -544,8 +571,8 @@ def _fence(leases: Collection[Lease]) -> ColumnElement[bool]:
     # the rows.
     v = fence_params(leases)
     return and_(
-        c.id == func.any(bindparam("b_ids", v["b_ids"], _IDS)),
-        c.lease_token == func.any(bindparam("b_tokens", v["b_tokens"], _UUIDS)),
+        c.id == func.any(bindparam("b_ids", v["b_ids"], _ID_LITERAL)),
+        c.lease_token == func.any(bindparam("b_tokens", v["b_tokens"], _UUID_LITERAL)),
         _RUNNING,
     )
 

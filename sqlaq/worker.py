@@ -244,11 +244,18 @@ class Worker:
 
         A prefetching worker whose slots are all busy tops its prefetch up only once
         half of it is used: one claim of many instead of a claim per freed slot (each
-        claim costs about a millisecond of the GIL, whatever its size).
+        claim costs about a millisecond of the GIL, whatever its size). Nothing is
+        claimed while outcomes waiting for the writer reach twice the capacity.
         """
         busy, concurrency = self._busy, self.config.concurrency
         room = self._capacity - busy
         if busy >= concurrency and room < self._refill:
+            return 0
+        # Back-pressure: while the writer lags (a slow database), finished outcomes pile
+        # up in memory with their leases held; stop claiming until it catches up.
+        writing = self._writing
+        pending = len(self._unwritten) + (len(writing.runs) if writing is not None else 0)
+        if pending >= 2 * self._capacity:
             return 0
         return room
 

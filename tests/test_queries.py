@@ -59,6 +59,7 @@ def test_fenced_updates_match_id_token_and_running_status() -> None:
         queries.fail_stmt(lease=LEASE, error="e", retry_in=None),
     ):
         text = sql(stmt)
+        # An array parameter, sent as one array literal (see fence_params).
         assert "sqlaq_jobs.id = any(%(b_ids)s::BIGINT[])" in text
         assert "sqlaq_jobs.lease_token = any(%(b_tokens)s::UUID[])" in text
         assert "sqlaq_jobs.status = 'running'" in text

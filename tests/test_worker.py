@@ -846,3 +846,14 @@ def test_prefetching_worker_runs_each_job_once(committed: Engine) -> None:
 def test_prefetch_must_be_a_non_negative_int() -> None:
     with pytest.raises(sqlaq.ConfigError, match="prefetch must be between 0"):
         WorkerConfig(prefetch=-1)
+
+
+def test_claiming_pauses_while_the_writer_lags(committed: Engine) -> None:
+    """Outcomes waiting for the writer count against claiming once they reach twice the
+    capacity, so a slow database cannot make a worker hold ever more leases."""
+    worker = sqlaq.Worker(committed, sqlaq.Registry(), concurrency=4, prefetch=2)
+    assert worker._room() == 6
+    worker._unwritten = [object()] * 11  # type: ignore[list-item]
+    assert worker._room() == 6
+    worker._unwritten.append(object())  # type: ignore[arg-type]
+    assert worker._room() == 0
