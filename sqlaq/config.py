@@ -61,8 +61,10 @@ class WorkerConfig:
             renewed like running ones), so a slot that frees starts its next job at
             once instead of after a claim's round trip: more throughput for short
             handlers, at the price of jobs waiting in one worker while another may be
-            idle. Limited kinds are never prefetched. 0 (the default) claims only for
-            free slots.
+            idle. Limited kinds are never prefetched: they are claimed only for a slot
+            free now, which a worker kept busy by prefetched work seldom has, so serve
+            them from workers without prefetch. 0 (the default) claims only for free
+            slots.
         lease: How long a claim holds a job before another worker may take it. The
             worker renews it every ``lease / 3`` while the handler runs, so it bounds
             how long a crashed worker's jobs wait, not how long a job may run. A
