@@ -199,7 +199,15 @@ def test_two_workers_enqueue_one_job_per_slot(committed: Engine) -> None:
                 conn.execute(
                     text("UPDATE sqlaq_periodic SET last_slot = last_slot - interval '1 year'")
                 )
-            wait_until(lambda r=round_: len(ran) >= r, 10, f"slot job {round_} to run")
+            # Done, not only started: the next round enqueues the same slot again, and
+            # its dedupe key would (rightly) refuse a twin of a job still pending.
+            wait_until(
+                lambda r=round_: (
+                    scalar(committed, "SELECT count(*) FROM sqlaq_jobs WHERE status = 'done'") == r
+                ),
+                10,
+                f"slot job {round_} done",
+            )
         # Both workers go on ticking: after five more rounds each, still three jobs.
         seen = [rounds(w) for w in both]
         wait_until(
