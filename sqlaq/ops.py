@@ -353,10 +353,8 @@ def claim_limited(
             "claim_limited needs a transaction (its lock lasts until commit); "
             "this connection is in autocommit"
         )
-    if concurrency is not None and (
-        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-    ):
-        raise ConfigError(f"concurrency must be a positive int, got {concurrency!r}")
+    if concurrency is not None:
+        _check_positive("concurrency", concurrency)
     if isinstance(rate, str):
         rate = Rate.parse(rate)
     conn.execute(_LOCK_KIND, {"b_kind": kind})
@@ -392,9 +390,13 @@ def _autocommit(conn: Executor) -> bool:
     return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+
 def _check_claim(queue: str, limit: int, lease: timedelta) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ConfigError(f"limit must be a positive int, got {limit!r}")
+    _check_positive("limit", limit)
     check_duration("lease", lease, allow_zero=False)
     check_name("queue", queue)
 
@@ -627,8 +629,7 @@ def sweep(conn: Executor, *, limit: int = DEFAULT_PRUNE_BATCH) -> int:
     Raises:
         ConfigError: *limit* is not a positive int.
     """
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ConfigError(f"limit must be a positive int, got {limit!r}")
+    _check_positive("limit", limit)
     return len(conn.execute(queries.sweep_stmt(limit=limit)).all())
 
 
@@ -664,8 +665,7 @@ def prune(
                 "'done', 'failed', 'cancelled'"
             )
         wanted.add(value)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ConfigError(f"limit must be a positive int, got {limit!r}")
+    _check_positive("limit", limit)
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit)
     result: CursorResult[Any] = conn.execute(stmt)  # type: ignore[assignment]
     return int(result.rowcount)

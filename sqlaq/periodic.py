@@ -186,12 +186,3 @@ def enqueue_periodic(
             for slot, result in zip(slots, results, strict=True)
         ]
     return enqueued
-
-
-def check_unique(periodics: Iterable[Periodic]) -> None:
-    """Raise ConfigError if two periodic jobs share a name."""
-    seen: set[str] = set()
-    for periodic in periodics:
-        if periodic.name in seen:
-            raise ConfigError(f"two periodic jobs are named {periodic.name!r}; pass name=...")
-        seen.add(periodic.name)

@@ -372,21 +372,8 @@ def claim_stmt(
         .prefix_with("MATERIALIZED")
     )
     exhausted = and_(_RUNNING, c.attempts >= c.max_attempts)
-    attempt_text = cast(c.attempts, Text)
-    expired_error = (
-        literal_column("'lease expired on attempt '", Text)
-        + attempt_text
-        + literal_column("' of '", Text)
-        + cast(c.max_attempts, Text)
-        + literal_column(
-            "': the worker stopped or crashed while running the job; not retried'", Text
-        )
-    )
-    reclaimed_error = (
-        literal_column("'lease expired on attempt '", Text)
-        + attempt_text
-        + literal_column("'; claimed again'", Text)
-    )
+    expired_error = _expired_error()
+    reclaimed_error = _expired_error("claimed again")
     # The join alone lets the planner hash the whole table when the limit is large and
     # the table small (a 200-row claim beside 20,000 queued rows: a seq scan, 7.3 ms);
     # "id = ANY(ARRAY(<the candidates>))" hands it the ids as an index condition, read
@@ -527,6 +514,23 @@ def record_starts_stmt(*, kind: str, rate: Rate, started: int) -> Insert:
     merged = select(kept.c.s).order_by(kept.c.s.desc()).limit(count).scalar_subquery()
     return stmt.on_conflict_do_update(
         index_elements=[rates.c.kind], set_={"starts": func.array(merged)}
+    )
+
+
+def _expired_error(then: str | None = None) -> ColumnElement[str]:
+    """``last_error`` of a job whose lease expired: ``'lease expired on attempt N of M:
+    the worker stopped or crashed while running the job; not retried'`` on its last
+    attempt, else ``'lease expired on attempt N; <then>'`` (claimed or queued again)."""
+    head = literal_column("'lease expired on attempt '", Text) + cast(c.attempts, Text)
+    if then is not None:
+        return head + literal_column(f"'; {then}'", Text)
+    return (
+        head
+        + literal_column("' of '", Text)
+        + cast(c.max_attempts, Text)
+        + literal_column(
+            "': the worker stopped or crashed while running the job; not retried'", Text
+        )
     )
 
 
@@ -795,7 +799,6 @@ def sweep_stmt(*, limit: int) -> Update:
         .prefix_with("MATERIALIZED")
     )
     exhausted = c.attempts >= c.max_attempts
-    attempt_text = cast(c.attempts, Text)
     return (
         update(jobs)
         .where(c.id == expired.c.id)
@@ -805,22 +808,7 @@ def sweep_stmt(*, limit: int) -> Update:
             run_at=case((exhausted, c.run_at), else_=_NOW),
             locked_by=null(),
             lease_token=null(),
-            last_error=case(
-                (
-                    exhausted,
-                    literal_column("'lease expired on attempt '", Text)
-                    + attempt_text
-                    + literal_column("' of '", Text)
-                    + cast(c.max_attempts, Text)
-                    + literal_column(
-                        "': the worker stopped or crashed while running the job; not retried'",
-                        Text,
-                    ),
-                ),
-                else_=literal_column("'lease expired on attempt '", Text)
-                + attempt_text
-                + literal_column("'; queued again'", Text),
-            ),
+            last_error=case((exhausted, _expired_error()), else_=_expired_error("queued again")),
         )
         .returning(c.id, c.status)
     )
@@ -860,17 +848,19 @@ def periodic_advance_stmt(*, name: str, slot: datetime) -> Update:
     )
 
 
+# The leader lock's two keys, inlined like the other constants of schema.py.
+_LEADER_KEY = tuple(literal_column(str(k), Integer) for k in LEADER_LOCK)
+
+
 def try_lead_stmt() -> Select[Any]:
     """``SELECT pg_try_advisory_lock(<LEADER_LOCK>)``: true for the one session that
     holds the maintenance leader's lock (until it unlocks or its connection ends)."""
-    return select(
-        func.pg_try_advisory_lock(*(literal_column(str(k), Integer) for k in LEADER_LOCK))
-    )
+    return select(func.pg_try_advisory_lock(*_LEADER_KEY))
 
 
 def resign_stmt() -> Select[Any]:
     """``SELECT pg_advisory_unlock(<LEADER_LOCK>)``: give leadership up."""
-    return select(func.pg_advisory_unlock(*(literal_column(str(k), Integer) for k in LEADER_LOCK)))
+    return select(func.pg_advisory_unlock(*_LEADER_KEY))
 
 
 # --- inspection (operators and tests) ---
