@@ -24,7 +24,7 @@ from sqlalchemy import Engine
 
 from sqlaq import queries
 from sqlaq.errors import ConfigError
-from sqlaq.schema import JobStatus
+from sqlaq.outcome import Verdict
 
 if TYPE_CHECKING:
     from sqlaq.ops import ClaimedJob
@@ -32,12 +32,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-_OUTCOMES = {
-    JobStatus.DONE: "done",
-    JobStatus.QUEUED: "retried",
-    JobStatus.FAILED: "failed",
-    JobStatus.CANCELLED: "cancelled",
-}
+#: The ``outcome`` label of each verdict (names kept from before verdicts existed).
+_OUTCOMES = {verdict: verdict.value for verdict in Verdict} | {Verdict.RETRY: "retried"}
 
 
 def _prometheus() -> Any:
@@ -90,12 +86,8 @@ class WorkerMetrics:
 
     def job_finished(self, result: JobResult) -> None:
         """Count *result* and observe its duration (a worker's ``on_job_finished``)."""
-        if result.status is None:
-            outcome = "lost"
-        elif result.status is JobStatus.QUEUED and result.error is None:
-            outcome = "snoozed"
-        else:
-            outcome = _OUTCOMES[result.status]
+        verdict = result.outcome.verdict if result.outcome is not None else Verdict.LOST
+        outcome = _OUTCOMES[verdict]
         self.finished.labels(result.queue, result.kind, outcome).inc()
         self.duration.labels(result.queue, result.kind).observe(result.duration)
 

@@ -23,18 +23,21 @@ import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from time import perf_counter
 from typing import Any
 from uuid import UUID
 
 from sqlalchemy import Row
+from sqlalchemy.orm import Session
 
 from sqlaq import ops, queries
 from sqlaq.context import JobContext, bind, unbind
-from sqlaq.errors import Snooze
 from sqlaq.lease import Lease
+from sqlaq.outcome import decide
 from sqlaq.registry import Registry
-from sqlaq.runner import describe_error
 from sqlaq.schema import JobStatus
+from sqlaq.worker.run import Finished, Run
+from sqlaq.worker.writer import write_outcomes
 
 __all__ = ["DrainedJob", "assert_enqueued", "drain", "enqueued_jobs"]
 
@@ -113,34 +116,40 @@ def _due_queues(conn: ops.Executor) -> list[str]:
 
 
 def _run(conn: ops.Executor, registry: Registry, job: ops.ClaimedJob) -> DrainedJob:
+    """Run *job*'s handler, decide its outcome and write it, as a worker would."""
     handler = registry.get(job.kind)
-    if handler is None:
-        error = f"no handler for kind {job.kind!r} in this registry"
-        ops.fail(conn, job.lease, error)
-        return DrainedJob(job.id, job.kind, job.payload, job.attempt, JobStatus.FAILED, error)
 
     def renew(context: JobContext, length: timedelta) -> Lease:
         (lease,) = ops.extend_lease(conn, context.lease, lease=length)
         return lease
 
-    context = JobContext.for_job(job, DRAIN_LEASE, renew)
-    token = bind(context)
-    try:
-        outcome = handler.func(job.payload)
-        if inspect.isawaitable(outcome):
-            asyncio.run(_await(outcome))
-    except Snooze as snoozed:
-        ops.snooze(conn, context.lease, snoozed.delay)
-        return DrainedJob(job.id, job.kind, job.payload, job.attempt, JobStatus.QUEUED)
-    except Exception as exc:
-        error = describe_error(exc)
-        retry_in = handler.retry_in(job.attempt, exc)
-        status = ops.fail(conn, context.lease, error, retry_in=retry_in) or JobStatus.FAILED
-        return DrainedJob(job.id, job.kind, job.payload, job.attempt, status, error, exc)
-    finally:
-        unbind(token)
-    ops.complete(conn, context.lease)
-    return DrainedJob(job.id, job.kind, job.payload, job.attempt, JobStatus.DONE)
+    run = Run.of(job, handler, DRAIN_LEASE, renew)
+    error: BaseException | None = None
+    started = perf_counter()
+    if handler is not None:
+        token = bind(run.context)
+        try:
+            returned = handler.func(job.payload)
+            if inspect.isawaitable(returned):
+                asyncio.run(_await(returned))
+        except Exception as exc:
+            error = exc
+        finally:
+            unbind(token)
+    outcome = decide(handler, job, error)
+    finished = Finished(run, outcome, perf_counter() - started)
+    # A Session: its connection, so the worker's writer runs the same statements here.
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    ((_, _, status),) = write_outcomes(connection, [(finished, outcome)])
+    return DrainedJob(
+        job.id,
+        job.kind,
+        job.payload,
+        job.attempt,
+        status or JobStatus.FAILED,
+        outcome.error,
+        outcome.exception if outcome.error is not None else None,
+    )
 
 
 async def _await(outcome: Any) -> None:

@@ -342,7 +342,7 @@ def test_a_burst_worker_waits_out_the_rate_then_exits(committed: Engine) -> None
 
 
 def test_kind_gates_remember_why_a_kind_is_not_worth_claiming() -> None:
-    from sqlaq.gates import KindGates
+    from sqlaq.worker.gates import KindGates
 
     registry = sqlaq.Registry()
     registry.add("plain", print)

@@ -34,8 +34,8 @@ from workerkit import (
 
 import sqlaq
 from sqlaq.config import WorkerConfig
-from sqlaq.runner import describe_error
-from sqlaq.worker import is_transient
+from sqlaq.outcome import describe_error
+from sqlaq.transient import is_transient
 
 FAST = ["--poll-interval", "0.2", "--log-level", "info"]
 

@@ -2,10 +2,10 @@
 
 This module owns where handler code executes: sync handlers on a set of long-lived
 daemon threads fed by one queue (a job costs a queue hand-off, never a thread), async
-handlers as tasks on one event loop in one daemon thread. It records each run's outcome
-(the error text and the retry delay the handler's policy asks for) on the :class:`Run`
-and hands the run back through a callback. It must not decide what a job's outcome
-means for the table: that is the worker's.
+handlers as tasks on one event loop in one daemon thread. Each finished handler becomes a
+:class:`~sqlaq.worker.run.Finished` value (its outcome decided by
+:func:`sqlaq.outcome.decide`, in the thread that ran it) handed back through a callback.
+It writes nothing and keeps no state about a run once it is reported.
 
 Threads are daemons on purpose: at shutdown a handler that ignores the grace period is
 abandoned (its job was handed back, and its lease is gone, so nothing it returns is
@@ -16,153 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import queue
 import threading
-import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from datetime import timedelta
 from time import perf_counter
-from typing import Any, cast
+from typing import cast
 
-from sqlaq.backoff import DEFAULT_BACKOFF
-from sqlaq.context import JobContext, LeaseRenewer, bind, unbind
-from sqlaq.errors import Snooze
-from sqlaq.ops import ClaimedJob
-from sqlaq.registry import Handler
-from sqlaq.schema import JobStatus
+from sqlaq.context import bind, unbind
+from sqlaq.outcome import CANCELLED, decide
+from sqlaq.worker.run import Finished, Run
 
-__all__ = ["JobResult", "Run", "Runner", "describe_error"]
-
-_log = logging.getLogger(__name__)
-
-#: Frames of a handler's traceback kept in ``last_error`` (the innermost ones).
-TRACEBACK_FRAMES = 8
-
-
-@dataclass(frozen=True, slots=True)
-class JobResult:
-    """What became of one run, as a worker's ``on_job_finished`` callback receives it.
-
-    Attributes:
-        job_id: The job.
-        kind: Its kind.
-        queue: Its queue.
-        attempt: The attempt that ran.
-        status: The status written: done, queued (to be retried) or failed; None when
-            the lease was lost and nothing was written.
-        error: The failure summary written to ``last_error``, if the attempt failed.
-        duration: Seconds the handler ran.
-    """
-
-    job_id: int
-    kind: str
-    queue: str
-    attempt: int
-    status: JobStatus | None
-    error: str | None
-    duration: float
-
-
-@dataclass(eq=False, slots=True)
-class Run:
-    """One attempt of one job in this process, from claim to written outcome.
-
-    Attributes:
-        job: The claimed job.
-        handler: Its handler; None when the kind has no handler here.
-        context: What ``current_job()`` returns while it runs; holds the current lease.
-        error: Set when the attempt failed: the error summary for ``last_error``.
-        retry_in: Set with *error* when the policy retries: the delay before the next
-            attempt.
-        snooze: Set when the handler raised :class:`~sqlaq.Snooze`: the delay.
-        duration: Seconds the handler ran.
-        lost: The lease was found lost while it ran: its outcome must not be written.
-    """
-
-    job: ClaimedJob
-    handler: Handler | None
-    context: JobContext
-    error: str | None = None
-    retry_in: timedelta | None = None
-    snooze: timedelta | None = None
-    duration: float = 0.0
-    lost: bool = False
-
-    @classmethod
-    def of(
-        cls, job: ClaimedJob, handler: Handler | None, lease_length: timedelta, renew: LeaseRenewer
-    ) -> Run:
-        """A run of the claimed *job*, with the context its handler will see."""
-        return cls(job, handler, JobContext.for_job(job, lease_length, renew))
-
-    def result(self, status: JobStatus | None) -> JobResult:
-        """This run as a :class:`JobResult`, once *status* was written (None: lost)."""
-        job = self.job
-        return JobResult(
-            job.id, job.kind, job.queue, job.attempt, status, self.error, self.duration
-        )
-
-    def log_extra(self, *, finished: bool = False) -> dict[str, Any]:
-        """The ``extra`` keys of this run's log lines (with its duration once finished)."""
-        job = self.job
-        extra: dict[str, Any] = {
-            "job_id": job.id,
-            "kind": job.kind,
-            "attempt": job.attempt,
-            "queue": job.queue,
-        }
-        if finished:
-            extra["duration"] = round(self.duration, 6)
-        return extra
-
-    def log_outcome(self, log: logging.Logger, status: JobStatus) -> None:
-        """Log the written *status* at INFO: one line per state change."""
-        extra = self.log_extra(finished=True)
-        if status is JobStatus.DONE:
-            log.info("job done", extra=extra)
-            return
-        if status is JobStatus.CANCELLED:
-            log.info("job cancelled; its result was not written", extra=extra)
-            return
-        if self.snooze is not None:
-            extra["snooze"] = self.snooze.total_seconds()
-            log.info("job snoozed", extra=extra)
-            return
-        extra["error"] = (self.error or "").partition("\n")[0]
-        if status is JobStatus.QUEUED:
-            extra["retry_in"] = self.retry_in.total_seconds() if self.retry_in else 0.0
-            log.info("job failed, will retry", extra=extra)
-        else:
-            log.info("job failed", extra=extra)
-
-    def fail(self, error: BaseException) -> None:
-        """Record *error* as this attempt's failure, with the policy's retry delay; a
-        :class:`~sqlaq.Snooze` is recorded as a snooze, not a failure."""
-        if isinstance(error, Snooze):
-            self.snooze = error.delay
-            return
-        self.error = describe_error(error)
-        if self.handler is None or self.job.attempt >= self.job.max_attempts:
-            return  # no attempts left: the fail statement would not retry anyway
-        try:
-            self.retry_in = self.handler.retry_in(self.job.attempt, error)
-        except Exception:
-            # A broken policy must not lose the job: retry on the default backoff.
-            _log.exception("retry policy of kind %r raised; using the default", self.job.kind)
-            self.retry_in = DEFAULT_BACKOFF(self.job.attempt)
-
-
-def describe_error(error: BaseException) -> str:
-    """``last_error`` for *error*: its ``Type: message`` line first, then the innermost
-    frames of its traceback (a summary for operators, not a full log)."""
-    head = "".join(traceback.format_exception_only(error)).strip()
-    frames = traceback.format_tb(error.__traceback__, limit=-TRACEBACK_FRAMES)
-    if not frames:
-        return head
-    return f"{head}\n\nTraceback (most recent call last):\n{''.join(frames)}".rstrip()
+__all__ = ["Runner"]
 
 
 class Runner:
@@ -179,12 +44,12 @@ class Runner:
         mixed: Sync and async handlers may run side by side, so sync ones pass the
             gate too. False when all handlers are of one sort: *size* threads are then
             the bound of sync ones, and the gate only counts async ones.
-        on_finished: Called with each finished run, from the thread that ran it. The
-            run's ``error``, ``retry_in`` and ``duration`` are set before the call.
+        on_finished: Called with each :class:`~sqlaq.worker.run.Finished` (the run, its
+            outcome and duration), from the thread that ran it.
     """
 
     def __init__(
-        self, size: int, on_finished: Callable[[Run], None], *, mixed: bool = True
+        self, size: int, on_finished: Callable[[Finished], None], *, mixed: bool = True
     ) -> None:
         self._size = size
         self._mixed = mixed
@@ -316,26 +181,28 @@ class Runner:
                 self._leave()
 
     def _run_one(self, run: Run) -> None:
-        token = bind(run.context)
-        started = perf_counter()
-        try:
-            if run.handler is None:  # pragma: no cover - the worker never submits these
-                raise RuntimeError(f"no handler for kind {run.job.kind!r}")
-            if not run.lost:  # a job cancelled while it waited is not started
-                result = run.handler.func(run.job.payload)
+        if run.context.cancelled:  # cancelled while it waited: never started
+            finished = Finished(run, CANCELLED, 0.0)
+        else:
+            token = bind(run.context)
+            started = perf_counter()
+            error: BaseException | None = None
+            try:
+                result = run.handler.func(run.job.payload) if run.handler else None
                 if result is not None and inspect.isawaitable(result):
                     # A sync callable that returned an awaitable (a wrapped coroutine
                     # function): run it on the shared loop rather than a loop of its own.
                     future = asyncio.run_coroutine_threadsafe(_awaited(result), self._ensure_loop())
                     future.result()
-        except BaseException as exc:  # a handler's error never ends the slot thread
-            run.fail(exc)
-        finally:
-            unbind(token)
-        run.duration = perf_counter() - started
+            except BaseException as exc:  # a handler's error never ends the slot thread
+                error = exc
+            finally:
+                unbind(token)
+            duration = perf_counter() - started
+            finished = Finished(run, decide(run.handler, run.job, error), duration)
         with self._count_lock:  # before reporting: the worker may refill the slot at once
             self._blocking -= 1
-        self._on_finished(run)
+        self._on_finished(finished)
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:
@@ -370,23 +237,28 @@ class Runner:
             task.add_done_callback(self._tasks.discard)
 
     async def _run_one_async(self, run: Run) -> None:
-        handler = run.handler
-        if handler is None:  # pragma: no cover - only handled kinds are submitted
+        if run.context.cancelled:  # cancelled while it waited: never started
+            self._leave()
+            self._on_finished(Finished(run, CANCELLED, 0.0))
             return
         # Each task runs in its own copy of the context, so this binding is the task's.
         bind(run.context)
         started = perf_counter()
+        error: BaseException | None = None
         try:
-            if not run.lost:  # a job cancelled while it waited is not started
-                await cast(Awaitable[object], handler.func(run.job.payload))
-        except asyncio.CancelledError:
-            return  # cancelled at shutdown, after its job was handed back
+            if run.handler is not None:
+                await cast(Awaitable[object], run.handler.func(run.job.payload))
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                return  # this task was cancelled: the worker is closing, its job handed back
+            error = exc  # a sub-task's cancellation escaped the handler: a failure
         except BaseException as exc:  # recorded on the job, like a sync handler's
-            run.fail(exc)
+            error = exc
         finally:
             self._leave()
-        run.duration = perf_counter() - started
-        self._on_finished(run)
+        duration = perf_counter() - started
+        self._on_finished(Finished(run, decide(run.handler, run.job, error), duration))
 
     def _cancel_tasks(self) -> None:
         loop = asyncio.get_running_loop()

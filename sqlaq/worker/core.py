@@ -1,0 +1,489 @@
+"""The worker: one run thread that owns the bookkeeping, and its parts. No SQL.
+
+Each concurrent responsibility is a part with one inbox; the run thread (the caller of
+:meth:`Worker.run`) moves values between them and owns every piece of state::
+
+    fetcher      (run thread)   claims due jobs: limited kinds under their locks, then
+                                one autocommit claim per due queue  (fetcher.py)
+    runner       (slot threads, one event loop)
+                                runs handlers; each finished one becomes a Finished
+                                value with its Outcome  (runner.py, sqlaq.outcome)
+    writer       (its thread)   writes batches of outcomes and lease renewals; a batch
+                                the server refuses is written row by row  (writer.py)
+    leases       (run thread)   what is held, keyed by claim token; every lost and
+                                cancelled decision; the heartbeat  (leases.py)
+    listener     (its thread)   LISTEN: new jobs, cancels of running ones  (listener.py)
+    maintenance  (its thread)   periodic jobs; the leader's sweep and retention
+
+A turn: collect finished runs and notifications, settle the batch the writer wrote,
+hand it the next one (outcomes, and leases when the heartbeat is due), claim for the
+free slots, start what was claimed. A no-op job costs a share of two statements and
+two commits, never a round trip of its own. When the database is away the failed step
+is retried after a backoff; finished outcomes wait in memory and are written when it is
+back, fenced by lease (a job claimed again meanwhile is left alone and the run is
+logged as lost).
+
+It must not configure logging, read the environment, or install signal handlers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from time import monotonic
+from typing import Any
+from uuid import UUID, uuid4
+
+from sqlalchemy import Engine
+
+from sqlaq import ops, queries
+from sqlaq.config import WorkerConfig
+from sqlaq.maintenance import Maintenance
+from sqlaq.outcome import Outcome, Verdict
+from sqlaq.registry import Registry
+from sqlaq.schema import CANCEL_CHANNEL, CHANNEL
+from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
+from sqlaq.worker.fetcher import Fetcher
+from sqlaq.worker.leases import Leases
+from sqlaq.worker.listener import Listener, connection_params
+from sqlaq.worker.run import Finished, JobResult, Run
+from sqlaq.worker.runner import Runner
+from sqlaq.worker.writer import Batch, Writer, Written
+
+__all__ = ["FINAL_WRITE_SECONDS", "LISTENER_APPLICATION_NAME", "WORKER_APPLICATION_NAME", "Worker"]
+
+_log = logging.getLogger("sqlaq.worker")
+
+#: After the grace period, how long to keep trying to write outcomes and hand jobs back.
+FINAL_WRITE_SECONDS = 5.0
+WORKER_APPLICATION_NAME = "sqlaq-worker"
+LISTENER_APPLICATION_NAME = "sqlaq-listener"
+
+
+class Worker:
+    """Runs the handlers of *registry* for the due jobs of the configured queues.
+
+    Args:
+        engine: The queue's database. While :meth:`run` runs, the worker holds one
+            connection (its claims) and uses a second for writing outcomes, plus one per
+            handler calling ``current_job().extend_lease()``, plus a LISTEN connection
+            of its own made from the engine's URL.
+        registry: The handlers.
+        config: The options; or pass them as keywords (``concurrency=8``), which
+            override *config*'s.
+        on_job_finished: Called with a :class:`JobResult` after each outcome is written
+            (or found lost), in the thread running :meth:`run`; keep it quick.
+        on_job_started: Called with each :class:`~sqlaq.ClaimedJob` as it is handed to
+            its handler, in the thread running :meth:`run`; keep it quick.
+
+    Attributes:
+        worker_id: This worker's id, written to ``locked_by`` of the jobs it claims.
+        started: Set once :meth:`run` is looking for jobs.
+        idle: Set while nothing runs and the last look found nothing due.
+        stopped: Set when :meth:`run` has returned.
+
+    Raises:
+        ConfigError: an option is unknown or unusable.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: Registry,
+        config: WorkerConfig | None = None,
+        *,
+        on_job_finished: Callable[[JobResult], None] | None = None,
+        on_job_started: Callable[[ops.ClaimedJob], None] | None = None,
+        **options: Any,
+    ) -> None:
+        if options or config is None:
+            config = WorkerConfig.from_options(config, **options)
+        self.config = config
+        self.worker_id: UUID = uuid4()
+        self.started = threading.Event()
+        self.idle = threading.Event()
+        self.stopped = threading.Event()
+        self._engine = engine
+        self._registry = registry
+        self._on_job_finished = on_job_finished
+        self._on_job_started = on_job_started
+        self._wake = threading.Event()  # an outcome, a written batch, a notification, a stop
+        self._stopping = threading.Event()
+        self._interrupt = threading.Event()  # cuts a database backoff short
+        self._forced = False
+        # Inboxes filled by other threads (deque.append is atomic).
+        self._finished: deque[Finished] = deque()  # the runner's
+        self._woken: deque[str | None] = deque()  # the listener's: queues
+        self._cancels: deque[int] = deque()  # the listener's: job ids
+        self._unwritten: list[tuple[Finished, Outcome]] = []  # not yet handed to the writer
+        self._writing: Batch | None = None  # handed to the writer, not yet settled
+        self._busy = 0  # handed to the runner, not finished: running or prefetched
+        self._db_failures = 0
+        lengths = [config.lease, *(h.lease for h in registry if h.lease is not None)]
+        self._leases = Leases(engine, lengths)
+        self._fetcher = Fetcher(
+            engine, registry, config, self.worker_id, self._back_off, self._recovered
+        )
+        self._writer = Writer(engine, self._wake.set)
+        sorts = {h.is_async for h in registry}
+        self._runner = Runner(config.concurrency, self._handler_finished, mixed=len(sorts) > 1)
+        self._capacity = config.concurrency + config.prefetch  # jobs held in hand at most
+        self._refill = max(1, config.prefetch // 2)
+        self._listener: Listener | None = None
+        self._maintenance: Maintenance | None = None
+
+    @property
+    def listening(self) -> bool:
+        """True while the LISTEN connection is up."""
+        return self._listener is not None and self._listener.listening.is_set()
+
+    def run(self) -> None:
+        """Run until :meth:`stop` (or, with ``burst``, until nothing is due). Blocks.
+
+        On stop: claim nothing more, let running jobs finish within the grace period,
+        write their outcomes, then hand the rest back to the queue.
+        """
+        self._start()
+        try:
+            while not self._stopping.is_set():
+                self._step(claiming=True)
+                if self.config.burst and self._quiet():
+                    break
+                self._sleep()
+            self._shutdown()
+        finally:
+            self._close()
+            self.stopped.set()
+
+    def stop(self, *, now: bool = False) -> None:
+        """Ask :meth:`run` to stop; safe from any thread, not from a signal handler
+        (setting an event takes a lock the interrupted code may hold: a signal handler
+        should only set a flag or write to a pipe, as ``sqlaq-worker`` does).
+
+        Args:
+            now: Skip (or cut short) the grace period: hand running jobs back at once.
+        """
+        self._forced = self._forced or now
+        self._stopping.set()
+        self._interrupt.set()
+        self._wake.set()
+
+    # -- one turn ------------------------------------------------------------------
+
+    def _start(self) -> None:
+        config = self.config
+        _log.info(
+            "worker started",
+            extra={"worker_id": str(self.worker_id), "queues": list(config.queues)},
+        )
+        if config.listen and not config.burst:
+            params = connection_params(self._engine, LISTENER_APPLICATION_NAME)
+            statement = queries.listen_stmt(channel=(CHANNEL, CANCEL_CHANNEL))
+            self._listener = Listener(params, statement, self._notified)
+            self._listener.start()
+        if config.maintenance and not config.burst:
+            self._maintenance = Maintenance(
+                self._engine, self._registry.periodics, config, str(self.worker_id)
+            )
+            self._maintenance.start()
+        self._writer.start()
+        self.started.set()
+
+    def _step(self, *, claiming: bool) -> None:
+        """One turn: settle what the writer wrote, hand it the next batch, claim."""
+        self._wake.clear()  # before looking, so an event after the look is not missed
+        self._collect()
+        if self._writing is not None and self._writing.done.is_set():
+            self._settle_batch()
+        if self._writing is None:
+            self._hand_to_writer()
+        room = self._room() if claiming else 0
+        if room > 0:
+            free = self.config.concurrency - self._busy
+            claimed = self._fetcher.fetch(room, free, self._stopping.is_set)
+            if claimed:
+                self._dispatch(claimed)
+        self._update_idle()
+
+    def _room(self) -> int:
+        """How many jobs to claim now: the free slots, plus the prefetch to refill.
+
+        A prefetching worker whose slots are all busy tops its prefetch up only once
+        half of it is used: one claim of many instead of a claim per freed slot (each
+        claim costs about a millisecond of the GIL, whatever its size). Nothing is
+        claimed while outcomes waiting for the writer reach twice the capacity.
+        """
+        busy, concurrency = self._busy, self.config.concurrency
+        room = self._capacity - busy
+        if busy >= concurrency and room < self._refill:
+            return 0
+        # Back-pressure: while the writer lags (a slow database), finished outcomes pile
+        # up in memory with their leases held; stop claiming until it catches up.
+        writing = self._writing
+        pending = len(self._unwritten) + (len(writing.items) if writing is not None else 0)
+        if pending >= 2 * self._capacity:
+            return 0
+        return room
+
+    def _collect(self) -> None:
+        """Take in what other threads reported: finished runs, notifications, cancels."""
+        while self._woken:
+            queue = self._woken.popleft()
+            self._fetcher.woken(self.config.queues if queue is None else (queue,))
+        while self._cancels:
+            self._leases.cancelled(self._cancels.popleft())
+        leases = self._leases
+        while self._finished:
+            finished = self._finished.popleft()
+            run = finished.run
+            self._busy -= 1
+            self._fetcher.finished(run.job.kind, run.job.queue)
+            # The lease bookkeeping has the last word: a run whose lease is gone writes
+            # nothing, whatever its handler did.
+            self._unwritten.append((finished, leases.verdict(run) or finished.outcome))
+
+    def _dispatch(self, claimed: list[ops.ClaimedJob]) -> None:
+        """Hold claimed jobs and hand them to the runner; a kind without a handler
+        fails at once."""
+        runs: list[Run] = []
+        log = _log.isEnabledFor(logging.INFO)
+        get_handler = self._registry.get
+        default_lease = self.config.lease
+        renew = self._leases.renew_now
+        for job in claimed:
+            handler = get_handler(job.kind)
+            length = (handler.lease if handler else None) or default_lease
+            run = Run.of(job, handler, length, renew)
+            self._leases.hold(run)
+            if log:
+                _log.info("job started", extra=run.log_extra())
+            if self._on_job_started is not None:
+                try:
+                    self._on_job_started(job)
+                except Exception:
+                    _log.exception("on_job_started callback raised")
+            if handler is None:
+                kinds = ", ".join(map(repr, self._registry.kinds)) or "none"
+                outcome = Outcome(
+                    Verdict.FAILED,
+                    error=f"no handler for kind {job.kind!r} in this worker (it has: {kinds})",
+                )
+                self._unwritten.append((Finished(run, outcome, 0.0), outcome))
+            else:
+                runs.append(run)
+        if runs:
+            self._busy += len(runs)
+            self._runner.submit(runs)
+
+    # -- writing outcomes ------------------------------------------------------------
+
+    def _hand_to_writer(self) -> None:
+        """Give the writer the finished outcomes and, if due, the leases to renew."""
+        renewing = self._renewable() if self._leases.due() else None
+        if not self._unwritten and renewing is None:
+            return
+        batch = Batch(self._unwritten, renewing)
+        self._unwritten = []
+        self._writing = batch
+        self._writer.submit(batch)
+
+    def _settle_batch(self, timeout: float | None = 0.0) -> None:
+        """Apply what the writer did with the batch in flight (waiting up to *timeout*)."""
+        batch = self._writing
+        if batch is None or not batch.done.wait(timeout):
+            return
+        self._writing = None
+        self._settle(batch.written)
+        if batch.error is not None:
+            if not is_transient(batch.error):
+                # Not the database being away, and not one row (the writer wrote those
+                # one by one): a fault of the worker itself.
+                raise batch.error
+            self._unwritten[:0] = batch.unwritten()  # written again, in order, once back
+            self._back_off(batch.error)
+            return
+        self._recovered()
+        if batch.renewing is not None:
+            self._leases.apply(batch.renewing, batch.renewed)
+
+    def _settle(self, written: list[Written]) -> None:
+        """After commit: forget written runs, log each state change, tell the callback."""
+        log = _log.isEnabledFor(logging.INFO)
+        leases = self._leases
+        callback = self._on_job_finished
+        for finished, outcome, status in written:
+            leases.release(finished.run)
+            if log or status is None:
+                finished.log(_log, outcome, status)
+            if callback is not None:
+                try:
+                    callback(finished.result(outcome, status))
+                except Exception:
+                    _log.exception("on_job_finished callback raised")
+
+    def _renewable(self) -> list[Run]:
+        """Held runs whose lease the heartbeat keeps: not gone, not finished."""
+        finishing = {f.run.token for f, _ in self._unwritten}
+        if self._writing is not None:
+            finishing.update(f.run.token for f, _ in self._writing.items)
+        return self._leases.renewable(finishing)
+
+    # -- waiting -------------------------------------------------------------------
+
+    def _sleep(self, until: float | None = None) -> None:
+        """Wait for something to do: an outcome, a written batch, a notification, a
+        stop, or a timer (the next poll while a slot is free, the next heartbeat while
+        leases are held and the writer is free)."""
+        if self._finished or self._woken or self._cancels:
+            return
+        writing = self._writing
+        if writing is None and self._unwritten:
+            return  # the writer is free: hand it the outcomes at once
+        if writing is not None and writing.done.is_set():
+            return
+        claimable = self._room() > 0 and not self._stopping.is_set()
+        if claimable and self._fetcher.due:
+            return  # more may be due and there is room: claim again at once
+        deadlines = [] if until is None else [until]
+        if claimable:
+            deadlines.append(self._fetcher.next_wake())
+        if self._leases and writing is None:
+            deadlines.append(self._leases.next_renewal())  # (a busy writer wakes us)
+        self._wake.wait(max(0.0, min(deadlines) - monotonic()) if deadlines else None)
+
+    def _quiet(self) -> bool:
+        return not (
+            self._fetcher.due
+            or self._leases
+            or self._finished
+            or self._woken
+            or self._writing
+            or self._fetcher.blocked
+        )
+
+    def _update_idle(self) -> None:
+        if self._quiet():
+            self.idle.set()
+        else:
+            self.idle.clear()
+
+    def _handler_finished(self, finished: Finished) -> None:
+        self._finished.append(finished)  # from a handler's thread; deque.append is atomic
+        # Set only if clear: set() takes a lock and is called once per job. Safe, as the
+        # run thread clears the event before it collects: if it is still set here, the
+        # run thread has yet to clear it, and its collect will see this run.
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _notified(self, channel: str | None, payload: str | None) -> None:
+        # From the listener's thread: (None, None) after (re)connecting.
+        if channel == CANCEL_CHANNEL:
+            if payload and payload.isdigit():
+                self._cancels.append(int(payload))
+                self._wake.set()
+        elif payload is None or payload in self.config.queues:
+            self._woken.append(payload)
+            self._wake.set()
+
+    def _back_off(self, error: BaseException) -> None:
+        self._db_failures += 1
+        delay = DATABASE_BACKOFF(self._db_failures).total_seconds()
+        _log.warning(
+            "database unavailable (attempt %d), retrying in %.2fs: %s",
+            self._db_failures,
+            delay,
+            describe(error),
+        )
+        self._interrupt.wait(delay)
+
+    def _recovered(self) -> None:
+        if self._db_failures:
+            _log.info("database available again after %d failed attempts", self._db_failures)
+            self._db_failures = 0
+
+    # -- stopping ------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        """Claim nothing more; let running jobs finish within the grace period, then
+        write what finished and hand the rest back."""
+        self._interrupt.clear()
+        if self._forced:
+            self._interrupt.set()
+        if self._listener is not None:
+            self._listener.stop(timeout=0)
+        if self._maintenance is not None:
+            self._maintenance.stop(timeout=0)
+        deadline = monotonic() + self.config.grace_period.total_seconds()
+        # Prefetched jobs that have not started go straight back.
+        withdrawn = self._runner.withdraw()
+        if withdrawn:
+            self._busy -= len(withdrawn)
+            self._hand_back(withdrawn, final=False)
+        if self._busy:
+            _log.info("worker stopping: waiting for %d running job(s)", self._busy)
+        while True:
+            self._step(claiming=False)  # writes what finished; keeps leases renewed
+            if not self._busy or self._forced or monotonic() >= deadline:
+                break
+            self._sleep(deadline)
+        # The batch in flight, written or failed. A writer stuck longer than that (a
+        # hung connection) is left behind: its runs are neither written nor handed back
+        # here, and their jobs run again once their leases end (at least once).
+        self._settle_batch(timeout=FINAL_WRITE_SECONDS)
+        self._final_write()
+
+    def _final_write(self) -> None:
+        """One transaction: write finished outcomes and hand back running jobs (status
+        queued, due now, attempt refunded). Retried for a few seconds; once if forced.
+        A batch the server refuses is left to the writer's row-by-row path."""
+        deadline = monotonic() + (0 if self._forced else FINAL_WRITE_SECONDS)
+        while True:
+            self._collect()
+            if self._writing is None and self._unwritten:
+                self._hand_to_writer()  # the writer's path: row by row if refused
+                self._settle_batch(timeout=FINAL_WRITE_SECONDS)
+                if self._writing is not None:
+                    return  # the writer is stuck: the leases will end
+            running = self._renewable()
+            if not (running or self._unwritten):
+                return
+            if self._hand_back(running, final=True) or monotonic() >= deadline:
+                return
+
+    def _hand_back(self, runs: list[Run], *, final: bool) -> bool:
+        """Hand *runs* back to the queue (status queued, due now, attempt refunded);
+        True once done. On a transient error they stay held, to be handed back later
+        (a final hand-back backs off first)."""
+        if not runs:
+            return True
+        try:
+            with self._engine.begin() as conn:
+                handed = set(
+                    ops.handback(conn, [r.context.lease for r in runs], raise_on_lost=False)
+                )
+        except Exception as exc:
+            if not is_transient(exc):
+                _log.error("could not hand back %d job(s): %s", len(runs), describe(exc))
+                return True
+            if final:
+                self._back_off(exc)
+            else:
+                _log.warning("could not hand back prefetched jobs yet: %s", describe(exc))
+            return False
+        for run in runs:
+            self._leases.handed_back(run)
+            if run.job.id in handed:
+                _log.info("job handed back", extra=run.log_extra())
+        return True
+
+    def _close(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
+        if self._maintenance is not None:
+            self._maintenance.stop()
+        self._writer.close()  # it closes its connection on the way out
+        self._fetcher.close()
+        self._runner.close()
+        _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})

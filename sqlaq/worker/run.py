@@ -1,0 +1,130 @@
+"""One attempt in a worker: :class:`Run` (claimed, running) and :class:`Finished` (its
+outcome, a value), and :class:`JobResult`, what callbacks receive. No SQL, no threads.
+
+A run is identified by its claim, never by its job: ``run.token`` is the lease token the
+claim wrote, unique to that attempt. A worker that stalled past its lease may claim its
+own job again; the two runs then have the same job id and different tokens, and
+everything the worker keeps in flight is keyed by the token.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from sqlaq.context import JobContext, LeaseRenewer
+from sqlaq.ops import ClaimedJob
+from sqlaq.outcome import Outcome, Verdict
+from sqlaq.registry import Handler
+from sqlaq.schema import JobStatus
+
+__all__ = ["Finished", "JobResult", "Run"]
+
+#: Characters of an error's first line put in a log line.
+LOG_ERROR_LENGTH = 200
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """What became of one run, as a worker's ``on_job_finished`` callback receives it.
+
+    Attributes:
+        job_id: The job.
+        kind: Its kind.
+        queue: Its queue.
+        attempt: The attempt that ran.
+        status: The status written: done, queued (to be retried, or snoozed), failed or
+            cancelled; None when the lease was lost and nothing was written.
+        error: The failure summary written to ``last_error``, if the attempt failed.
+        duration: Seconds the handler ran.
+        outcome: The attempt's :class:`~sqlaq.outcome.Outcome` as written.
+    """
+
+    job_id: int
+    kind: str
+    queue: str
+    attempt: int
+    status: JobStatus | None
+    error: str | None
+    duration: float
+    outcome: Outcome | None = None
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Run:
+    """One attempt of one job in this process, from claim to written outcome.
+
+    Attributes:
+        job: The claimed job.
+        handler: Its handler; None when the kind has no handler here.
+        context: What ``current_job()`` returns while it runs; holds the current lease.
+    """
+
+    job: ClaimedJob
+    handler: Handler | None
+    context: JobContext
+
+    @classmethod
+    def of(
+        cls, job: ClaimedJob, handler: Handler | None, lease_length: timedelta, renew: LeaseRenewer
+    ) -> Run:
+        """A run of the claimed *job*, with the context its handler will see."""
+        return cls(job, handler, JobContext.for_job(job, lease_length, renew))
+
+    @property
+    def token(self) -> UUID:
+        """The claim's lease token: this run's identity."""
+        return self.job.lease.token
+
+    def log_extra(self) -> dict[str, Any]:
+        """The ``extra`` keys of this run's log lines."""
+        job = self.job
+        return {"job_id": job.id, "kind": job.kind, "attempt": job.attempt, "queue": job.queue}
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Finished:
+    """A run whose handler is done, with what the attempt means.
+
+    Attributes:
+        run: The run.
+        outcome: What the handler's return or exception means (:func:`sqlaq.outcome.decide`).
+        duration: Seconds the handler ran.
+    """
+
+    run: Run
+    outcome: Outcome
+    duration: float
+
+    def result(self, outcome: Outcome, status: JobStatus | None) -> JobResult:
+        """This run as a :class:`JobResult`: *outcome* was written as *status*."""
+        job = self.run.job
+        return JobResult(
+            job.id, job.kind, job.queue, job.attempt, status, outcome.error, self.duration, outcome
+        )
+
+    def log(self, log: logging.Logger, outcome: Outcome, status: JobStatus | None) -> None:
+        """Log the written outcome at INFO (a lost lease at WARNING): one line per state
+        change, errors cut to their first line."""
+        extra = self.run.log_extra()
+        extra["duration"] = round(self.duration, 6)
+        verdict = outcome.verdict
+        if status is None:
+            log.warning("job result not written: lease lost", extra=extra)
+        elif verdict is Verdict.DONE:
+            log.info("job done", extra=extra)
+        elif verdict is Verdict.CANCELLED:
+            log.info("job cancelled; its result was not written", extra=extra)
+        elif verdict is Verdict.SNOOZED:
+            extra["snooze"] = outcome.delay.total_seconds() if outcome.delay else 0.0
+            log.info("job snoozed", extra=extra)
+        else:
+            extra["error"] = (outcome.error or "").partition("\n")[0][:LOG_ERROR_LENGTH]
+            if status is JobStatus.QUEUED:
+                extra["retry_in"] = outcome.delay.total_seconds() if outcome.delay else 0.0
+                log.info("job failed, will retry", extra=extra)
+            else:
+                log.info("job failed", extra=extra)

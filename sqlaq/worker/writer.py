@@ -1,0 +1,254 @@
+"""The writer: a thread that writes finished outcomes and renews leases, in batches.
+
+This module owns how outcomes reach the table. The run thread hands it one
+:class:`Batch` at a time (the finished runs, each with the outcome to write, and the
+runs whose leases are due for renewal); the writer writes it and sets ``batch.done``.
+It never touches the worker's state: the run thread settles each batch.
+
+**Blast radius of one.** A batch is written in one transaction (the common batch,
+successes only, in one statement on a connection in autocommit). If that fails for a
+reason other than the connection (a value the server refuses, a trigger of the host's
+that raises, anything that is not :func:`sqlaq.transient.is_transient`), the batch is
+written again row by row, each outcome in a transaction of its own: every outcome that
+can be written lands; the one that cannot is written as ``failed`` with a
+``last_error`` that names the refusal (:func:`sqlaq.outcome.unwritable`); if even that
+is refused, it is left to its lease (it runs again once the lease ends) and logged.
+The writer itself never stops for a row, and nothing a row does fails another's
+outcome. A connection fault ends the batch with ``batch.error``: the run thread backs
+off and hands the unwritten rest again once the database is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import Connection, Engine
+
+from sqlaq import ops
+from sqlaq.outcome import Outcome, Verdict, unwritable
+from sqlaq.schema import JobStatus
+from sqlaq.transient import describe, is_transient
+from sqlaq.worker.leases import Leases, Renewed
+from sqlaq.worker.run import Finished, Run
+
+__all__ = ["Batch", "Writer", "Written", "write_outcomes"]
+
+_log = logging.getLogger(__name__)
+
+#: One written outcome: the finished run, the outcome as written, the status it left
+#: (None: the lease was lost, nothing written).
+Written = tuple[Finished, Outcome, JobStatus | None]
+
+
+@dataclass(eq=False)
+class Batch:
+    """What the writer writes in one go, and what came of it.
+
+    Attributes:
+        items: Finished runs and the outcome to write for each (LOST and CANCELLED
+            ones are reported as they are: nothing is written for them).
+        renewing: Running runs whose leases are due, or None.
+        done: Set once the writer is through with the batch.
+        written: The items written (or found lost), in order.
+        renewed: What the renewal found (see :class:`~sqlaq.worker.leases.Leases`).
+        error: A connection-level fault that stopped the batch; the items not in
+            *written* are to be written again.
+    """
+
+    items: list[tuple[Finished, Outcome]]
+    renewing: list[Run] | None
+    done: threading.Event = field(default_factory=threading.Event)
+    written: list[Written] = field(default_factory=list)
+    renewed: Renewed = field(default_factory=dict)
+    error: BaseException | None = None
+
+    def unwritten(self) -> list[tuple[Finished, Outcome]]:
+        """The items not written (after a connection fault)."""
+        seen = {id(w[0]) for w in self.written}
+        return [item for item in self.items if id(item[0]) not in seen]
+
+
+def write_outcomes(conn: Connection, items: Sequence[tuple[Finished, Outcome]]) -> list[Written]:
+    """Write *items*' outcomes on *conn* (in the caller's transaction): one complete for
+    every success, one statement per other outcome, fenced by each run's lease.
+
+    A lease lost since is found by the fence (the statement matches no row) and reported
+    with status None. A job of a concurrency-limited kind that ended wakes the workers
+    of its queue (NOTIFY on commit), so the freed slot is taken at once.
+    """
+    written: list[Written] = []
+    successes = [item for item in items if item[1].verdict is Verdict.DONE]
+    if successes:
+        leases = [f.run.context.lease for f, _ in successes]
+        done = set(ops.complete(conn, leases, raise_on_lost=False))
+        written += [(f, o, JobStatus.DONE if f.run.job.id in done else None) for f, o in successes]
+    for finished, outcome in items:
+        verdict = outcome.verdict
+        lease = finished.run.context.lease
+        status: JobStatus | None
+        if verdict is Verdict.DONE:
+            continue
+        if not outcome.writes:
+            status = outcome.status  # lost or cancelled: nothing to write
+        elif verdict is Verdict.SNOOZED:
+            delay = outcome.delay or timedelta(0)
+            snoozed = ops.snooze(conn, lease, delay, raise_on_lost=False)
+            status = JobStatus.QUEUED if snoozed else None
+        else:
+            retry_in = outcome.delay if verdict is Verdict.RETRY else None
+            error = outcome.error or ""
+            status = ops.fail(conn, lease, error, retry_in=retry_in, raise_on_lost=False)
+        written.append((finished, outcome, status))
+    freed = {
+        f.run.job.queue for f, _ in items if f.run.handler is not None and f.run.handler.concurrency
+    }
+    if freed:
+        ops.notify_queues(conn, sorted(freed))
+    return written
+
+
+class Writer:
+    """The writer thread of one worker.
+
+    Args:
+        engine: The queue's database.
+        on_done: Called (from the writer's thread) after each batch; the run thread's
+            wake-up.
+    """
+
+    def __init__(self, engine: Engine, on_done: Callable[[], None]) -> None:
+        self._engine = engine
+        self._on_done = on_done
+        self._inbox: deque[Batch | None] = deque()
+        self._wake = threading.Event()
+        self._conn: Connection | None = None
+        # A daemon, like the handler threads: a writer stuck on a dead connection must
+        # not keep the process alive once the worker has returned.
+        self._thread = threading.Thread(target=self._loop, name="sqlaq-writer", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def submit(self, batch: Batch) -> None:
+        """Write *batch* next (from the run thread)."""
+        self._inbox.append(batch)
+        self._wake.set()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop after the batches handed so far; wait up to *timeout* seconds."""
+        self._inbox.append(None)
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                while self._inbox:
+                    batch = self._inbox.popleft()
+                    if batch is None:
+                        return
+                    try:
+                        self._write(batch)
+                    except BaseException as exc:  # the run thread decides what it means
+                        batch.error = exc
+                    batch.done.set()
+                    self._on_done()
+        finally:
+            self._drop_connection()
+
+    def _write(self, batch: Batch) -> None:
+        """Write *batch*: whole, or, when the server refuses part of it, row by row."""
+        try:
+            self._write_whole(batch)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            _log.warning(
+                "writing %d outcome(s) in one transaction failed (%s); writing them one by one",
+                len(batch.items),
+                describe(exc),
+            )
+            self._write_each(batch)
+
+    def _write_whole(self, batch: Batch) -> None:
+        """One transaction. The common batch, successes only, is one complete statement
+        on a connection held in autocommit: no BEGIN or COMMIT round trip."""
+        if batch.renewing is None and all(o.verdict is Verdict.DONE for _, o in batch.items):
+            try:
+                conn = self._connection()
+                batch.written = write_outcomes(conn, batch.items)
+                conn.commit()  # ends SQLAlchemy's own transaction; nothing is sent
+            except BaseException:
+                self._drop_connection()
+                raise
+            return
+        with self._engine.begin() as conn:
+            written = write_outcomes(conn, batch.items)
+            renewed = Leases.extend(conn, batch.renewing) if batch.renewing else {}
+        batch.written, batch.renewed = written, renewed
+
+    def _write_each(self, batch: Batch) -> None:
+        """Each outcome in a transaction of its own; a refused one is written as failed
+        with the refusal as its error. Connection faults still end the batch."""
+        for item in batch.items:
+            batch.written += self._write_one(item)
+        if batch.renewing:
+            try:
+                with self._engine.begin() as conn:
+                    batch.renewed = Leases.extend(conn, batch.renewing)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                # Not a verdict on any lease: renew again at the next heartbeat.
+                _log.error("renewing leases failed: %s", describe(exc))
+                batch.renewing = None
+
+    def _write_one(self, item: tuple[Finished, Outcome]) -> list[Written]:
+        finished, outcome = item
+        try:
+            with self._engine.begin() as conn:
+                return write_outcomes(conn, [item])
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            cause = describe(exc)
+        _log.error(
+            "job outcome refused by the database; failing the job instead: %s",
+            cause,
+            extra=finished.run.log_extra(),
+        )
+        replacement = unwritable(outcome, cause)
+        try:
+            with self._engine.begin() as conn:
+                return write_outcomes(conn, [(finished, replacement)])
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            _log.error(
+                "could not write the job's failure either (%s); it runs again when its lease ends",
+                describe(exc),
+                extra=finished.run.log_extra(),
+            )
+            return [(finished, replacement, None)]
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                _log.debug("closing the writer's connection failed", exc_info=True)
