@@ -14,6 +14,7 @@ applied. Pass ``raise_on_lost=False`` to learn the outcome from the return value
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,7 +22,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from sqlalchemy import Connection, CursorResult
+from sqlalchemy import ColumnElement, Connection, CursorResult
 from sqlalchemy.orm import Session
 
 from sqlaq import queries
@@ -268,6 +269,7 @@ def claim(
     limit: int = 1,
     lease: timedelta = DEFAULT_LEASE,
     exclude_kinds: Collection[str] = (),
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
 ) -> list[ClaimedJob]:
     """Claim up to *limit* due jobs of *queue* for *worker_id*, highest priority first.
 
@@ -282,20 +284,59 @@ def claim(
     Args:
         exclude_kinds: Kinds not to claim: the limited kinds, which only
             :func:`claim_limited` may claim.
+        where: Claim only jobs matching this boolean clause (or every clause of a
+            sequence) over :data:`sqlaq.jobs` columns, for worker affinity:
+            ``sqlaq.jobs.c.payload["region"].astext == "eu"``. It is applied inside the
+            claim's locking subquery, so non-matching jobs are neither claimed nor
+            locked (see :func:`sqlaq.queries.claim_stmt`). Pass the same clause object
+            on every call: the claim statement built around it is cached by its
+            identity (a new clause object costs about a millisecond to build around).
 
     Raises:
-        ConfigError: *limit* is not a positive int.
+        ConfigError: *limit* is not a positive int, or *where* is not a clause over
+            ``sqlaq.jobs``.
         InvalidJobError: *lease* is not a positive timedelta, or *queue* is not a name.
     """
     _check_claim(queue, limit, lease)
-    if exclude_kinds:
-        kinds = _check_kinds(exclude_kinds)
-        params = queries.claim_params(
-            queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=kinds
-        )
-        return _claimed(conn.execute(_CLAIM_EXCLUDING, params).all(), worker_id, lease)
-    params = queries.claim_params(queue=queue, worker_id=worker_id, limit=limit, lease=lease)
-    return _claimed(conn.execute(_CLAIM, params).all(), worker_id, lease)
+    kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
+    params = queries.claim_params(
+        queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=kinds
+    )
+    if where is not None and not (isinstance(where, Sequence) and not where):
+        stmt = _narrowed_claim(where, bool(kinds))
+    else:
+        stmt = _CLAIM_EXCLUDING if kinds else _CLAIM
+    return _claimed(conn.execute(stmt, params).all(), worker_id, lease)
+
+
+# Narrowed claims, by the identity of their clause(s) and whether they exclude kinds.
+# Each entry keeps its clauses alive, so an id cannot be reused while it is cached.
+_NARROWED: dict[tuple[tuple[int, ...], bool], tuple[tuple[object, ...], Any]] = {}
+_NARROWED_MAX = 64
+
+
+_NARROWED_LOCK = threading.Lock()
+
+
+def _narrowed_claim(where: Any, excluding: bool) -> Any:
+    clauses = tuple(where) if isinstance(where, Sequence) else (where,)
+    key = (tuple(map(id, clauses)), excluding)
+    cached = _NARROWED.get(key)
+    if cached is not None and all(a is b for a, b in zip(cached[0], clauses, strict=True)):
+        return cached[1]
+    stmt = queries.claim_stmt(
+        queue="_",
+        worker_id=_NIL,
+        limit=1,
+        lease=DEFAULT_LEASE,
+        exclude_kinds=["_"] if excluding else (),
+        where=list(clauses),
+    )
+    with _NARROWED_LOCK:  # worker threads claim at once
+        if len(_NARROWED) >= _NARROWED_MAX:
+            _NARROWED.pop(next(iter(_NARROWED)))  # the oldest entry
+        _NARROWED[key] = (clauses, stmt)
+    return stmt
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,8 +39,10 @@ import psycopg.sql
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    ClauseElement,
     ColumnElement,
     Delete,
+    FromClause,
     Insert,
     Integer,
     Interval,
@@ -65,6 +67,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.types import UserDefinedType
 
 from sqlaq.encoding import NewJob, encode_payload
+from sqlaq.errors import ConfigError
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate
 from sqlaq.schema import (
@@ -325,12 +328,26 @@ def claim_stmt(
     lease: timedelta,
     kind: str | None = None,
     exclude_kinds: Collection[str] = (),
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
 ) -> Update:
     """Claim up to *limit* due jobs of *queue*, in priority order; never more.
 
     With *kind*, only jobs of that kind (``AND kind = :b_kind``): the claim of a limited
     kind, run under :func:`lock_kind_stmt`. With *exclude_kinds*, jobs of any other kind
     (``AND kind <> ALL(:b_excluded)``): the claim that must not bypass those limits.
+
+    *where* narrows the claim (worker affinity): one boolean clause, or a sequence of
+    them, over :data:`sqlaq.jobs` columns, e.g. ``jobs.c.payload["region"].astext ==
+    "eu"``. The clauses land inside the locking CTE, beside the due-job predicate, so
+    only matching rows are locked and claimed. (``claim_stmt(...).where(...)`` would
+    filter the UPDATE after the CTE had locked and counted other rows: fewer jobs
+    claimed, and rows of other workers locked until commit.) A clause may use another
+    table only inside a subquery (``EXISTS``/``IN``); the CTE's FROM stays
+    ``sqlaq_jobs``.
+
+    Raises:
+        ConfigError: *where* is not a SQLAlchemy clause, or brings another table into
+            the claim's FROM.
 
     Renders::
 
@@ -357,6 +374,7 @@ def claim_stmt(
     if exclude_kinds:
         excluded = bindparam("b_excluded", sorted(exclude_kinds), ARRAY(Text))
         which.append(c.kind != func.all(excluded))
+    narrowed = _where_clauses(where)
     candidates = (
         select(c.id)
         .where(
@@ -364,6 +382,7 @@ def claim_stmt(
             c.queue == bindparam("b_queue", v["b_queue"], Text),
             c.run_at <= _NOW,
             *which,
+            *narrowed,
         )
         .order_by(c.priority.desc(), c.run_at, c.id)
         .limit(bindparam("b_limit", v["b_limit"], Integer))
@@ -403,6 +422,30 @@ def claim_stmt(
         )
         .returning(*CLAIM_COLUMNS)
     )
+
+
+def _where_clauses(
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]],
+) -> list[ColumnElement[bool]]:
+    """*where* as a list of clauses over ``sqlaq_jobs`` alone (see :func:`claim_stmt`)."""
+    clauses = list(where) if isinstance(where, Sequence) else [where]
+    for clause in clauses:
+        if not isinstance(clause, ClauseElement) or isinstance(clause, FromClause):
+            raise ConfigError(
+                f"where must be a SQLAlchemy boolean clause (or a sequence of them) over "
+                f"sqlaq.jobs columns, got {type(clause).__name__}: e.g. "
+                "sqlaq.jobs.c.payload['region'].astext == 'eu'"
+            )
+    if clauses:
+        froms = select(c.id).where(*clauses).get_final_froms()
+        others = [f for f in froms if f is not jobs]
+        if others:
+            names = ", ".join(sorted(str(getattr(f, "name", f)) for f in others))
+            raise ConfigError(
+                f"where uses {names} beside sqlaq_jobs: a claim reads sqlaq_jobs only; "
+                "test other tables inside a subquery, e.g. exists().where(...)"
+            )
+    return clauses
 
 
 def lock_kind_stmt(*, kind: str) -> Select[Any]:
@@ -1063,3 +1106,24 @@ def listen_stmt(*, channel: str | Sequence[str] = CHANNEL) -> psycopg.sql.Compos
     return psycopg.sql.SQL("; ").join(
         psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(name)) for name in channels
     )
+
+
+def privileges_stmt(*, needed: Mapping[str, Sequence[str]]) -> Select[Any]:
+    """Select the privileges of *needed* (table name -> privileges) the role lacks.
+
+    Renders ``SELECT needed.table_name, needed.privilege FROM unnest(:b_tables,
+    :b_privileges) AS needed(table_name, privilege) WHERE NOT
+    has_table_privilege(needed.table_name, needed.privilege)``: no row, nothing missing.
+    Tables are looked up on the search path, like every other statement; each must exist.
+    """
+    pairs = [(table, privilege) for table, privileges in needed.items() for privilege in privileges]
+    rows = (
+        func.unnest(
+            bindparam("b_tables", [t for t, _ in pairs], ARRAY(Text)),
+            bindparam("b_privileges", [p for _, p in pairs], ARRAY(Text)),
+        )
+        .table_valued("table_name", "privilege")
+        .render_derived(name="needed")
+    )
+    granted = func.has_table_privilege(rows.c.table_name, rows.c.privilege, type_=Boolean)
+    return select(rows.c.table_name, rows.c.privilege).select_from(rows).where(~granted)
