@@ -82,12 +82,15 @@ def test_cancel_notifies_for_running_jobs_only(committed: Engine, database_url: 
 
 
 def leader_holders(engine: Engine) -> int:
-    """How many sessions hold the leader's lock (pg_locks, two-key advisory form)."""
+    """How many sessions hold the leader's lock in this database (pg_locks, two-key
+    advisory form). Advisory locks are per database: another sqlaq on the same server
+    holds a lock of the same key in its own database, which is not counted."""
     return int(
         scalar(
             engine,
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND classid = :a AND objid = :b AND objsubid = 2",
+            "AND classid = :a AND objid = :b AND objsubid = 2 AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())",
             a=LEADER_LOCK[0],
             b=LEADER_LOCK[1],
         )
@@ -127,8 +130,10 @@ def test_one_maintainer_leads_and_another_takes_over(
 
 
 def log_messages(process: WorkerProcess) -> list[dict[str, Any]]:
-    lines = process.output().splitlines()
-    return [json.loads(line) for line in lines if line.startswith("{")]
+    """The JSON log records the process has written so far (complete lines only: the
+    last one may still be being written)."""
+    complete, _, _partial = process.output().rpartition("\n")
+    return [json.loads(line) for line in complete.splitlines() if line.startswith("{")]
 
 
 def elected(process: WorkerProcess) -> bool:
@@ -166,6 +171,9 @@ def test_three_workers_elect_one_leader_that_prunes_and_a_new_one_after_a_kill(
     with worker_processes(database_url) as start:
         processes = [start(*flags) for _ in range(3)]
         wait_until(lambda: count_status(committed, "done") == 0, 30, "the old jobs pruned")
+        # The rows are gone once the leader's prune commits; its "maintenance ran" line
+        # comes after: wait for the logs to account for all 50.
+        wait_until(lambda: sum(pruned_by(p) for p in processes) >= 50, 10, "the prune in the logs")
         (leader,) = wait_until(
             lambda: [p for p in processes if elected(p)], 10, "one elected leader"
         )
@@ -190,6 +198,7 @@ def test_three_workers_elect_one_leader_that_prunes_and_a_new_one_after_a_kill(
         )
         add_old_done_jobs(committed, 30)
         wait_until(lambda: count_status(committed, "done") == 0, 30, "the new old jobs pruned")
+        wait_until(lambda: sum(pruned_by(p) for p in rest) >= 30, 10, "the prune in the logs")
         assert [pruned_by(p) for p in rest] == [30 if p is successor else 0 for p in rest]
         assert leader_holders(committed) == 1
 
