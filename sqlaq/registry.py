@@ -26,6 +26,7 @@ import tenacity
 
 from sqlaq import ops
 from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
+from sqlaq.bounds import clamp_duration, duration_from_seconds
 from sqlaq.encoding import NewJob, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, PermanentError
 from sqlaq.limits import Rate
@@ -104,8 +105,9 @@ class Handler:
         if not self.retry(state):
             return None
         if isinstance(self.wait, Backoff):
-            return self.wait(attempt)
-        return timedelta(seconds=max(0.0, float(self.wait(state))))
+            return clamp_duration(self.wait(attempt))
+        # Clamped to [0, MAX_DURATION]: a wait of 1e30 seconds is "as late as storable".
+        return duration_from_seconds(float(self.wait(state)))
 
 
 class Registry:
