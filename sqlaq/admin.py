@@ -4,18 +4,21 @@ Subcommands: ``migrate``, ``check``, ``stats``, ``list``, ``show``, ``retry``, `
 ``prune``, ``enqueue``. Each takes ``--database-url`` (else ``SQLAQ_DATABASE_URL``, else
 ``DATABASE_URL``). This module turns argv into calls of :mod:`sqlaq.ops` and
 :mod:`sqlaq.migrations` and prints the result; its statements come from
-:mod:`sqlaq.queries`. It does not read ``os.environ``: the entry point hands it the
-environment.
+:mod:`sqlaq.queries`. Only :func:`main` reads ``os.environ``; :func:`run` is handed
+the environment. Its shared parts (errors, the database URL and engine) are
+:mod:`sqlaq.commandline`'s; it imports nothing of ``cli.py``.
 
 Exit codes: 0 done; 1 ``check`` found the schema out of date, or ``show`` found no such
-job; 2 a usage error (bad flag, duration, JSON, unreachable database), printed as one
-line without a traceback.
+job; 2 a usage error (a bad flag or value: out of range, not text, bad JSON; a payload
+``enqueue`` refuses; an unreachable database; a schema older than this sqlaq, with the
+command to run), printed as one line without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -25,29 +28,32 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from sqlaq import migrations, ops, queries
-from sqlaq.cli import UsageError, database_engine, one_line, parse_duration
+from sqlaq.commandline import (
+    EXIT_USAGE,
+    CommandParser,
+    UsageError,
+    database_engine,
+    database_url,
+    db_error,
+    one_line,
+    typed,
+)
 from sqlaq.errors import SchemaOutOfDateError, SqlaqError
+from sqlaq.option import BIGINT_MAX, Duration, Integer, Text
 from sqlaq.schema import FINISHED_STATUSES, JobStatus
 
+__all__ = ["BATCH_SIZE", "build_parser", "main", "run"]
+
+PROG = "sqlaq"
 #: Rows per statement in bulk retry, cancel and prune: short transactions, steady locks.
 BATCH_SIZE = 1000
+#: SQLSTATEs of a statement naming a column, table or function the schema lacks: the
+#: schema is older (or newer) than this sqlaq.
+_UNDEFINED = frozenset({"42703", "42P01", "42883"})
 
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # No abbreviations: a shortened flag could start meaning another one later.
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def _duration(text: str) -> timedelta:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_ID = Integer(1, BIGINT_MAX)
+_SMALLINT = Integer(-32768, 32767)
+_INT4_POSITIVE = Integer(1, 2**31 - 1)
 
 
 def _status(text: str) -> JobStatus:
@@ -55,30 +61,37 @@ def _status(text: str) -> JobStatus:
         return JobStatus(text)
     except ValueError:
         choices = ", ".join(s.value for s in JobStatus)
-        raise argparse.ArgumentTypeError(f"invalid status {text!r}: use {choices}") from None
+        raise UsageError(f"--status: invalid status {text!r}: use {choices}") from None
 
 
 def _payload(text: str) -> dict[str, Any]:
     def reject(constant: str) -> None:
         raise ValueError(f"{constant} is not JSON")
 
+    typed(Text(), "--payload")(text)
     try:
         value = json.loads(text, parse_constant=reject)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"invalid JSON payload: {exc}") from None
+        raise UsageError(f"--payload: invalid JSON payload: {exc}") from None
+    except RecursionError:
+        raise UsageError("--payload: invalid JSON payload: nested too deeply") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("the payload must be a JSON object, e.g. '{\"id\": 7}'")
+        raise UsageError("--payload: the payload must be a JSON object, e.g. '{\"id\": 7}'")
     return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``sqlaq`` argument parser."""
-    common = _Parser(add_help=False)
+    """The ``sqlaq`` argument parser.
+
+    Every value is parsed into range: durations at most 100 years, ids within bigint,
+    text without NUL or undecodable bytes; a bad one raises a one-line UsageError.
+    """
+    common = CommandParser(add_help=False)
     common.add_argument(
         "--database-url",
         help="PostgreSQL URL (env: SQLAQ_DATABASE_URL, then DATABASE_URL)",
     )
-    parser = _Parser(prog="sqlaq", description="Operate a sqlaq job queue.")
+    parser = CommandParser(prog=PROG, description="Operate a sqlaq job queue.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", parents=[common], help="apply sqlaq's revisions (no Alembic)")
@@ -90,71 +103,102 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", parents=[common], help="list jobs, newest first")
     _add_filters(p)
-    p.add_argument("--since", type=_duration, help="created within this long (30m, 2h, 7d)")
-    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p.add_argument(
+        "--since", type=typed(Duration(), "--since"), help="created within this long (30m, 2h)"
+    )
+    p.add_argument(
+        "--limit", type=typed(_ID, "--limit"), default=50, help="at most this many (default 50)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON lines")
 
     p = sub.add_parser("show", parents=[common], help="one job, every column")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=typed(_ID, "ID"))
     p.add_argument("--json", action="store_true", help="print JSON")
 
     for name, what in (("retry", "failed or cancelled"), ("cancel", "queued or running")):
         p = sub.add_parser(name, parents=[common], help=f"{name} {what} jobs by id or filter")
-        p.add_argument("ids", type=int, nargs="*", help="job ids")
+        p.add_argument("ids", type=typed(_ID, "ID"), nargs="*", help="job ids")
         p.add_argument("--all", action="store_true", help=f"every {what} job matching filters")
-        p.add_argument("--kind", help="only this kind")
-        p.add_argument("--queue", help="only this queue")
+        p.add_argument("--kind", type=typed(Text(), "--kind"), help="only this kind")
+        p.add_argument("--queue", type=typed(Text(), "--queue"), help="only this queue")
         if name == "retry":
             p.add_argument("--failed", action="store_true", help="the failed jobs (bulk)")
 
     p = sub.add_parser("prune", parents=[common], help="delete old finished jobs in batches")
-    p.add_argument("--done-older-than", type=_duration, default=timedelta(days=7))
-    p.add_argument("--cancelled-older-than", type=_duration, default=timedelta(days=7))
-    p.add_argument("--failed-older-than", type=_duration, default=timedelta(days=30))
+    for status, default in (("done", 7), ("cancelled", 7), ("failed", 30)):
+        flag = f"--{status}-older-than"
+        p.add_argument(flag, type=typed(Duration(), flag), default=timedelta(days=default))
 
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one job (for testing)")
-    p.add_argument("kind")
+    p.add_argument("kind", type=typed(Text(), "KIND"))
     p.add_argument("--payload", type=_payload, default={}, help="a JSON object")
-    p.add_argument("--queue", default="default")
-    p.add_argument("--priority", type=int, default=0)
-    p.add_argument("--delay", type=_duration, default=timedelta(0))
-    p.add_argument("--max-attempts", type=int, default=5)
-    p.add_argument("--dedupe-key")
+    p.add_argument("--queue", type=typed(Text(), "--queue"), default="default")
+    p.add_argument("--priority", type=typed(_SMALLINT, "--priority"), default=0)
+    p.add_argument("--delay", type=typed(Duration(), "--delay"), default=timedelta(0))
+    p.add_argument("--max-attempts", type=typed(_INT4_POSITIVE, "--max-attempts"), default=5)
+    p.add_argument("--dedupe-key", type=typed(Text(), "--dedupe-key"))
     return parser
 
 
 def _add_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status", type=_status, action="append", help="repeatable")
-    p.add_argument("--kind")
-    p.add_argument("--queue")
+    p.add_argument("--kind", type=typed(Text(), "--kind"))
+    p.add_argument("--queue", type=typed(Text(), "--queue"))
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = None) -> int:
-    """``sqlaq`` with explicit arguments and environment; returns the exit code."""
+    """``sqlaq`` with explicit arguments and environment; returns the exit code.
+
+    The error boundary: a usage error, any :class:`~sqlaq.errors.SqlaqError` (a bad
+    payload, an out-of-date schema) and any database error print one line on stderr
+    and return 2.
+    """
     out = out or sys.stdout
     try:
         args = build_parser().parse_args(list(argv))
         if args.command == "migrate" and args.sql:
             out.write(migrations.upgrade_sql())
             return 0
-        url = args.database_url or environ.get("SQLAQ_DATABASE_URL") or environ.get("DATABASE_URL")
-        if not url:
-            raise UsageError("no database URL: pass --database-url or set SQLAQ_DATABASE_URL")
-        engine = database_engine(url, application_name="sqlaq-admin")
+        url = database_url(args.database_url, environ)
+        engine = database_engine(url, application_name="sqlaq-admin", notice=_notice)
         try:
             return _COMMANDS[args.command](engine, args, out)
+        except sa_exc.DBAPIError as exc:
+            raise UsageError(_database_error(engine, exc)) from None
         finally:
             engine.dispose()
-    except UsageError as exc:
-        print(f"sqlaq: {exc}", file=sys.stderr)
-        return 2
-    except SqlaqError as exc:
-        print(f"sqlaq: {one_line(exc)}", file=sys.stderr)
-        return 2
-    except sa_exc.DBAPIError as exc:
-        cause = exc.orig if exc.orig is not None else exc
-        print(f"sqlaq: database error: {one_line(cause)}", file=sys.stderr)
-        return 2
+    except (UsageError, SqlaqError) as exc:
+        print(f"{PROG}: {one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except sa_exc.DBAPIError as exc:  # pragma: no cover - raised inside the engine's block
+        print(f"{PROG}: database error: {db_error(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _notice(message: str) -> None:
+    print(f"{PROG}: notice: {message}", file=sys.stderr)
+
+
+def _database_error(engine: Engine, exc: sa_exc.DBAPIError) -> str:
+    """One line for *exc*; where it names something the schema lacks, what to run."""
+    if getattr(exc.orig, "sqlstate", None) not in _UNDEFINED:
+        return f"database error: {db_error(exc)}"
+    # "column attempted_at does not exist", without the statement psycopg adds.
+    diag = getattr(exc.orig, "diag", None)
+    missing = getattr(diag, "message_primary", None) or db_error(exc)
+    try:
+        with engine.connect() as conn:
+            migrations.check(conn)
+    except SchemaOutOfDateError as out_of_date:
+        return f"{out_of_date} (database error: {missing})"
+    except sa_exc.DBAPIError:
+        pass
+    return f"database error: {missing}; the schema differs from this sqlaq's: see 'sqlaq check'"
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Entry point of ``sqlaq`` (installed as ``sqlaq.cli:admin_main`` too)."""
+    sys.exit(run(sys.argv[1:] if argv is None else argv, os.environ))
 
 
 # -- commands --------------------------------------------------------------------------

@@ -1,21 +1,22 @@
-"""The worker's configuration: one frozen dataclass and its defaults.
+"""The worker's configuration: one frozen dataclass, its defaults, and its options table.
 
-This module owns the names, defaults and validation of every worker option. The Python
-API (``sqlaq.Worker(engine, registry, concurrency=8)``) and the ``sqlaq-worker`` command
-both build a :class:`WorkerConfig`, so an option is spelled and checked in one place.
-It must not read the environment (only ``cli.py`` does) nor touch a database.
+This module owns the names, defaults, bounds and help of every worker option, each
+declared once, as a field of :class:`WorkerConfig` (see :func:`_setting`). The Python
+API (``sqlaq.Worker(engine, registry, concurrency=8)``) validates from those
+declarations, and the ``sqlaq-worker`` command builds its flags, ``SQLAQ_*`` variables
+and ``--help`` from them (:data:`WORKER_OPTIONS`), so both refuse the same values. It
+must not read the environment (only the commands do) nor touch a database.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any
 
-from sqlaq.encoding import check_name
-from sqlaq.errors import ConfigError, InvalidJobError
+from sqlaq.errors import ConfigError
 from sqlaq.ops import DEFAULT_LEASE
+from sqlaq.option import Boolean, Domain, Duration, Integer, Names, Option
 from sqlaq.schema import DEFAULT_QUEUE
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "DEFAULT_QUEUES",
     "DEFAULT_RETAIN_DONE",
     "DEFAULT_RETAIN_FAILED",
+    "MAX_CONCURRENCY",
+    "WORKER_OPTIONS",
     "WorkerConfig",
 ]
 
@@ -45,31 +48,49 @@ DEFAULT_MAINTENANCE_INTERVAL = timedelta(seconds=60)
 DEFAULT_RETAIN_DONE = timedelta(days=7)
 #: ... and failed jobs this long after (kept longer: someone may want to retry them).
 DEFAULT_RETAIN_FAILED = timedelta(days=30)
-#: Upper bound of concurrency: each sync slot is a thread.
+#: Upper bound of concurrency (and prefetch): each sync slot is a thread.
 MAX_CONCURRENCY = 10_000
+
+_OPTION = "sqlaq.option"
+
+
+def _option(domain: Domain[Any], help: str, **more: Any) -> dict[str, Option]:
+    """The metadata of a :class:`WorkerConfig` field declaring its option.
+
+    *more* goes to :class:`~sqlaq.option.Option` (``flag=``, ``repeatable=``...). The
+    option's name and default are the field's, filled in by :data:`WORKER_OPTIONS`.
+    """
+    return {_OPTION: Option("", domain, None, help, **more)}
+
+
+_MS = timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     """Every option of a :class:`~sqlaq.Worker`, validated on construction.
 
+    Every duration is at most :data:`~sqlaq.bounds.MAX_DURATION` (100 years).
+
     Args:
         queues: The queues served, claimed one statement per queue in turn (round robin).
             A single name is accepted for one queue.
-        concurrency: Jobs run at once; the claim size is the number of free slots.
-        prefetch: Jobs claimed ahead of free slots, held in memory (their leases
-            renewed like running ones), so a slot that frees starts its next job at
-            once instead of after a claim's round trip: more throughput for short
+        concurrency: Jobs run at once (1 to 10,000); the claim size is the number of
+            free slots.
+        prefetch: Jobs claimed ahead of free slots (0 to 10,000), held in memory (their
+            leases renewed like running ones), so a slot that frees starts its next job
+            at once instead of after a claim's round trip: more throughput for short
             handlers, at the price of jobs waiting in one worker while another may be
             idle. Limited kinds are never prefetched: they are claimed only for a slot
             free now, which a worker kept busy by prefetched work seldom has, so serve
             them from workers without prefetch. 0 (the default) claims only for free
             slots.
-        lease: How long a claim holds a job before another worker may take it. The
-            worker renews it every ``lease / 3`` while the handler runs, so it bounds
-            how long a crashed worker's jobs wait, not how long a job may run. A
-            handler's own ``lease`` overrides it for that kind.
-        poll_interval: Look for due jobs at least this often, notified or not.
+        lease: How long a claim holds a job before another worker may take it (at least
+            100 ms). The worker renews it every ``lease / 3`` while the handler runs, so
+            it bounds how long a crashed worker's jobs wait, not how long a job may run.
+            A handler's own ``lease`` overrides it for that kind.
+        poll_interval: Look for due jobs at least this often, notified or not (at least
+            10 ms).
         grace_period: On stop, how long running jobs may finish before they are handed
             back to the queue (status queued, due now, attempt refunded).
         burst: Run what is due, then stop (instead of waiting for more).
@@ -80,7 +101,7 @@ class WorkerConfig:
             sweep. Off in burst mode whatever this says.
         maintenance_interval: How often the maintenance thread wakes (periodic jobs
             are also enqueued at each slot boundary), and so how soon another worker
-            takes over from a leader that died.
+            takes over from a leader that died (at least 10 ms).
         retain_done: The leader deletes done and cancelled jobs finished longer ago;
             None keeps them for ever.
         retain_failed: The leader deletes failed jobs finished longer ago; None keeps
@@ -90,35 +111,83 @@ class WorkerConfig:
         ConfigError: an option has an unusable type or value; the message names it.
     """
 
-    queues: tuple[str, ...] = DEFAULT_QUEUES
-    concurrency: int = DEFAULT_CONCURRENCY
-    prefetch: int = 0
-    lease: timedelta = DEFAULT_LEASE
-    poll_interval: timedelta = DEFAULT_POLL_INTERVAL
-    grace_period: timedelta = DEFAULT_GRACE_PERIOD
-    burst: bool = False
-    listen: bool = True
-    maintenance: bool = True
-    maintenance_interval: timedelta = DEFAULT_MAINTENANCE_INTERVAL
-    retain_done: timedelta | None = DEFAULT_RETAIN_DONE
-    retain_failed: timedelta | None = DEFAULT_RETAIN_FAILED
+    # One line of --help each; the docstring above says more.
+    queues: tuple[str, ...] = field(
+        default=DEFAULT_QUEUES,
+        metadata=_option(
+            Names(), "queues to serve, comma-separated; repeatable", flag="--queue", repeatable=True
+        ),
+    )
+    concurrency: int = field(
+        default=DEFAULT_CONCURRENCY,
+        metadata=_option(Integer(1, MAX_CONCURRENCY), "jobs run at once"),
+    )
+    prefetch: int = field(
+        default=0,
+        metadata=_option(
+            Integer(0, MAX_CONCURRENCY),
+            "jobs claimed ahead of free slots, so a freed slot starts its next job at once",
+        ),
+    )
+    lease: timedelta = field(
+        default=DEFAULT_LEASE,
+        metadata=_option(
+            Duration(minimum=100 * _MS),
+            "how long a claim holds a job; renewed every third of it while the job runs",
+        ),
+    )
+    poll_interval: timedelta = field(
+        default=DEFAULT_POLL_INTERVAL,
+        metadata=_option(
+            Duration(minimum=10 * _MS), "look for due jobs at least this often, notified or not"
+        ),
+    )
+    grace_period: timedelta = field(
+        default=DEFAULT_GRACE_PERIOD,
+        metadata=_option(
+            Duration(), "on stop, how long running jobs may finish before they are handed back"
+        ),
+    )
+    burst: bool = field(default=False, metadata=_option(Boolean(), "run what is due, then exit 0"))
+    listen: bool = field(
+        default=True, metadata=_option(Boolean(), "wake on NOTIFY (--no-listen: poll only)")
+    )
+    maintenance: bool = field(
+        default=True,
+        metadata=_option(
+            Boolean(),
+            "enqueue periodic jobs and take part in the leader election for pruning and "
+            "the lease sweep",
+        ),
+    )
+    maintenance_interval: timedelta = field(
+        default=DEFAULT_MAINTENANCE_INTERVAL,
+        metadata=_option(
+            Duration(minimum=10 * _MS),
+            "how often maintenance runs (and how soon a new leader takes over)",
+        ),
+    )
+    retain_done: timedelta | None = field(
+        default=DEFAULT_RETAIN_DONE,
+        metadata=_option(
+            Duration(forever=True),
+            "the leader deletes done and cancelled jobs finished longer ago; 'forever' keeps them",
+        ),
+    )
+    retain_failed: timedelta | None = field(
+        default=DEFAULT_RETAIN_FAILED,
+        metadata=_option(
+            Duration(forever=True),
+            "the leader deletes failed jobs finished longer ago; 'forever' keeps them",
+        ),
+    )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "queues", _check_queues(self.queues))
-        _check_int("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
-        _check_int("prefetch", self.prefetch, 0, MAX_CONCURRENCY)
-        _check_duration("lease", self.lease, minimum=timedelta(milliseconds=100))
-        _check_duration("poll_interval", self.poll_interval, minimum=timedelta(milliseconds=10))
-        _check_duration("grace_period", self.grace_period, minimum=timedelta(0))
-        _check_duration(
-            "maintenance_interval", self.maintenance_interval, minimum=timedelta(milliseconds=10)
-        )
-        for name in ("retain_done", "retain_failed"):
-            if getattr(self, name) is not None:
-                _check_duration(name, getattr(self, name), minimum=timedelta(0))
-        for name in ("burst", "listen", "maintenance"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for option in WORKER_OPTIONS:
+            value = getattr(self, option.name)
+            checked = option.domain.check(value, option.name)
+            if checked is not value:  # normalised, e.g. one queue name -> a tuple
+                object.__setattr__(self, option.name, checked)
 
     @classmethod
     def from_options(cls, base: WorkerConfig | None = None, **options: Any) -> WorkerConfig:
@@ -144,38 +213,8 @@ class WorkerConfig:
         return self.lease / 3
 
 
-def _check_queues(value: object) -> tuple[str, ...]:
-    names: Iterable[object]
-    if isinstance(value, str):
-        names = (value,)
-    elif isinstance(value, Iterable):
-        names = tuple(value)
-    else:
-        raise ConfigError(f"queues must be a queue name or names, got {value!r}")
-    checked: list[str] = []
-    for name in names:
-        try:
-            queue = check_name("queue", name)
-        except InvalidJobError as exc:
-            raise ConfigError(str(exc)) from exc
-        if queue not in checked:
-            checked.append(queue)
-    if not checked:
-        raise ConfigError("queues must name at least one queue")
-    return tuple(checked)
-
-
-def _check_int(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an int, got {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(f"{name} must be between {low} and {high}, got {value}")
-
-
-def _check_duration(name: str, value: object, *, minimum: timedelta) -> None:
-    if not isinstance(value, timedelta):
-        raise ConfigError(
-            f"{name} must be a datetime.timedelta, got {value!r}; use timedelta(seconds=...)"
-        )
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum.total_seconds():g}s, got {value}")
+#: The options of :class:`WorkerConfig`, in field order, as declared on its fields: what
+#: ``sqlaq-worker`` turns into flags, ``SQLAQ_*`` variables and ``--help``.
+WORKER_OPTIONS: tuple[Option, ...] = tuple(
+    replace(f.metadata[_OPTION], name=f.name, default=f.default) for f in fields(WorkerConfig)
+)

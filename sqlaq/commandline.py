@@ -1,0 +1,226 @@
+"""What both commands (``sqlaq-worker`` and ``sqlaq``) share: errors, parsers, the database.
+
+This module owns :class:`UsageError` (a bad command line, variable or environment,
+printed as one line, exit 2), the argument parser that reports its errors that way,
+the database URL's resolution and engine (async URLs mapped to psycopg), and the
+start-up check of the schema and of the role's privileges. It is the bottom of the
+command layer: ``cli.py`` and ``admin.py`` import it, and nothing below them imports
+any of the three. It reads no environment itself: the commands hand it theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, TypeVar
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, make_url
+
+from sqlaq import migrations, queries
+from sqlaq.errors import ConfigError, SchemaOutOfDateError
+from sqlaq.option import Domain, Text
+from sqlaq.schema import PERIODIC_TABLE, RATES_TABLE, TABLE_NAME
+
+__all__ = [
+    "EXIT_USAGE",
+    "WORKER_PRIVILEGES",
+    "CommandParser",
+    "UsageError",
+    "check_database",
+    "check_privileges",
+    "database_engine",
+    "database_url",
+    "db_error",
+    "one_line",
+    "redact",
+    "typed",
+]
+
+T = TypeVar("T")
+
+#: The exit code of a usage or configuration error (one line on stderr).
+EXIT_USAGE = 2
+
+#: What a worker does on each of sqlaq's tables: claims and outcomes update jobs,
+#: periodic jobs and handlers insert them, the leader deletes finished ones; limited
+#: claims keep their rate log up to date (an upsert), periodic slots are locked and
+#: advanced (``FOR UPDATE`` needs UPDATE too).
+WORKER_PRIVILEGES: Mapping[str, tuple[str, ...]] = {
+    TABLE_NAME: ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    RATES_TABLE: ("SELECT", "INSERT", "UPDATE"),
+    PERIODIC_TABLE: ("SELECT", "INSERT", "UPDATE"),
+}
+
+#: Async drivers an application's ``DATABASE_URL`` often names: the commands are
+#: synchronous, so they use psycopg (3) on the same URL instead.
+_ASYNC_DRIVERS = frozenset({"postgresql+asyncpg", "postgresql+psycopg_async"})
+_SYNC_DRIVER = "postgresql+psycopg"
+_MAX_PORT = 65535
+
+
+class UsageError(Exception):
+    """A bad command line, variable or environment; printed as one line, exit 2."""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one-line :class:`UsageError` s, without
+    abbreviated flags (a shortened flag could start meaning another one later)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """Raise *message* as a UsageError (argparse prints usage and exits)."""
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def typed(domain: Domain[T], label: str) -> Callable[[str], T]:
+    """An argparse ``type=`` that parses with *domain*, naming *label* on error.
+
+    It raises :class:`UsageError`, which argparse lets through untouched (it catches
+    only ValueError, TypeError and ArgumentTypeError), so the message stays ours.
+    """
+
+    def convert(text: str) -> T:
+        try:
+            return domain.parse(text, label)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+
+    convert.__name__ = label
+    return convert
+
+
+def database_url(flag: str | None, environ: Mapping[str, str]) -> str:
+    """The database URL: *flag*, else ``SQLAQ_DATABASE_URL``, else ``DATABASE_URL``.
+
+    Raises:
+        UsageError: none is set, or the URL is not text PostgreSQL can take.
+    """
+    for label, url in (
+        ("--database-url", flag),
+        ("SQLAQ_DATABASE_URL", environ.get("SQLAQ_DATABASE_URL")),
+        ("DATABASE_URL", environ.get("DATABASE_URL")),
+    ):
+        if url:
+            return typed(Text(), label)(url)
+    raise UsageError(
+        "no database URL: pass --database-url or set SQLAQ_DATABASE_URL (or DATABASE_URL)"
+    )
+
+
+def database_engine(
+    url: str,
+    *,
+    application_name: str,
+    notice: Callable[[str], None],
+    pool_size: int = 2,
+    max_overflow: int = 8,
+) -> Engine:
+    """An engine for a command: psycopg, named *application_name* in pg_stat_activity.
+
+    ``postgresql://`` and ``postgres://`` URLs get the psycopg driver; so do async ones
+    (``postgresql+asyncpg://``, ``postgresql+psycopg_async://``, what async applications
+    keep in ``DATABASE_URL``), with a *notice* saying so. An ``application_name`` in the
+    URL wins. No ``pool_pre_ping``: the worker classifies a dead connection as transient
+    and retries the turn, which costs nothing while the database is up.
+
+    Raises:
+        UsageError: the URL cannot be parsed, is not PostgreSQL, or names a driver
+            that is not installed.
+    """
+    parsed = _parse_url(url)
+    if parsed.drivername in {"postgresql", "postgres"}:
+        parsed = parsed.set(drivername=_SYNC_DRIVER)
+    elif parsed.drivername in _ASYNC_DRIVERS:
+        notice(
+            f"{parsed.drivername} is an async driver; this command is synchronous and "
+            f"uses {_SYNC_DRIVER} (psycopg) on the same URL"
+        )
+        parsed = parsed.set(drivername=_SYNC_DRIVER)
+    if not parsed.drivername.startswith("postgresql"):
+        raise UsageError(f"sqlaq needs PostgreSQL; got a {parsed.drivername!r} URL")
+    connect_args: dict[str, Any] = {"connect_timeout": 10}
+    if "application_name" not in parsed.query:
+        connect_args["application_name"] = application_name
+    try:
+        engine = create_engine(
+            parsed, pool_size=pool_size, max_overflow=max_overflow, connect_args=connect_args
+        )
+    except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as exc:
+        raise UsageError(f"cannot use database URL {parsed!r}: {one_line(exc)}") from None
+    if engine.dialect.is_async:  # another async driver: it would fail at connect
+        engine.dispose()
+        raise UsageError(
+            f"cannot use database URL {parsed!r}: {parsed.drivername} is an async driver; "
+            f"use {_SYNC_DRIVER}"
+        )
+    return engine
+
+
+def _parse_url(url: str) -> URL:
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError:
+        raise UsageError(f"invalid database URL {redact(url)!r}: not a URL") from None
+    except ValueError:  # make_url's int() of a port such as "abc"
+        parsed = None
+    if parsed is None or not 0 <= (parsed.port or 0) <= _MAX_PORT:
+        raise UsageError(
+            f"invalid database URL {redact(url)!r}: the port must be a number from 0 to "
+            f"{_MAX_PORT}"
+        ) from None
+    return parsed
+
+
+def check_database(engine: Engine) -> None:
+    """Connect once; check the schema is at sqlaq's head and the role may run a worker.
+
+    Raises:
+        UsageError: the database cannot be reached, its schema is not sqlaq's head
+            (the message names the command to run), or the role lacks a privilege
+            the worker needs (the message names each missing one).
+    """
+    try:
+        with engine.connect() as conn:
+            migrations.check(conn)
+            check_privileges(conn.execute(queries.privileges_stmt(needed=WORKER_PRIVILEGES)))
+    except SchemaOutOfDateError as exc:
+        raise UsageError(str(exc)) from None
+    except sa_exc.DBAPIError as exc:
+        raise UsageError(f"cannot use the database at {engine.url!r}: {db_error(exc)}") from None
+
+
+def check_privileges(missing: Any) -> None:
+    """Raise if *missing* (rows of ``queries.privileges_stmt``: table, privilege) has any.
+
+    Raises:
+        UsageError: one line naming every missing privilege and the GRANT to run.
+    """
+    by_table: dict[str, list[str]] = {}
+    for table, privilege in missing:
+        by_table.setdefault(table, []).append(privilege)
+    if not by_table:
+        return
+    lacking = "; ".join(f"{', '.join(p)} on {t}" for t, p in by_table.items())
+    grants = "; ".join(f"GRANT {', '.join(p)} ON {t} TO <role>" for t, p in by_table.items())
+    raise UsageError(f"the database role lacks privileges the worker needs: {lacking} ({grants})")
+
+
+def db_error(exc: sa_exc.DBAPIError) -> str:
+    """The driver's message of *exc* on one line (SQLAlchemy's adds the statement)."""
+    return one_line(exc.orig if exc.orig is not None else exc)
+
+
+def redact(url: str) -> str:
+    """*url* with its password replaced by ``***``."""
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def one_line(error: object) -> str:
+    """*error*'s text on one line (driver messages span several)."""
+    return " ".join(str(error).split())

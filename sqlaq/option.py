@@ -1,0 +1,396 @@
+"""Options: what a setting may hold, read from text (a flag, a variable) or checked as a value.
+
+This module owns the *domains* of sqlaq's settings (:class:`Duration`, :class:`Integer`,
+:class:`Boolean`, :class:`Names`, :class:`Choice`, :class:`Text`) and :class:`Option`,
+one declared setting: its name, domain, default and help. A domain both parses text
+(``"5m"`` -> 5 minutes) and checks a Python value, with the same bounds, so the worker's
+Python API (:class:`~sqlaq.WorkerConfig`) and the commands refuse the same values. Every
+refusal is a :class:`~sqlaq.errors.ConfigError` whose one-line message names the setting
+as the caller spelled it (``lease``, ``--lease`` or ``SQLAQ_LEASE``) and the limit.
+
+Pure: no environment, no database, no clock. The commands (``cli.py``, ``admin.py``)
+build on it; nothing here knows about them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from sqlaq.bounds import MAX_DURATION
+from sqlaq.encoding import check_name
+from sqlaq.errors import ConfigError, InvalidJobError
+
+__all__ = [
+    "BIGINT_MAX",
+    "Boolean",
+    "Choice",
+    "Domain",
+    "Duration",
+    "Integer",
+    "Names",
+    "Option",
+    "Text",
+    "check_text",
+    "parse_bool",
+    "parse_duration",
+]
+
+T = TypeVar("T")
+
+#: The largest PostgreSQL ``bigint`` (job ids, row counts).
+BIGINT_MAX = 2**63 - 1
+
+_MAX_DURATION_SHOWN = f"100 years ({MAX_DURATION.days}d)"
+_DURATION_TEXT = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|h|d)?\s*", re.ASCII)
+_UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_INTEGER_TEXT = re.compile(r"\s*([+-]?)([0-9]+)\s*", re.ASCII)
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _named(label: str | None, message: str) -> str:
+    """``"--lease: message"``; the bare message when there is no label."""
+    return f"{label}: {message}" if label else message
+
+
+def check_text(text: str, label: str | None = None) -> str:
+    """Return *text* if PostgreSQL can store it as text, else raise.
+
+    A command line may carry bytes that are not UTF-8: Python hands them over as lone
+    surrogates (``'\\udcff'``), which no driver can encode, and PostgreSQL's text has no
+    NUL character.
+
+    Raises:
+        ConfigError: *text* holds NUL or a lone surrogate; the message names *label*.
+    """
+    if "\x00" in text:
+        raise ConfigError(_named(label, f"{text!r} contains a NUL character; remove it"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            _named(
+                label,
+                f"{text!r} is not valid UTF-8 text (character {exc.start} is "
+                f"{text[exc.start]!r}: a byte that is not UTF-8, or a lone surrogate)",
+            )
+        ) from None
+    return text
+
+
+class Domain(Generic[T]):
+    """The values a setting may hold: parsed from text, or checked as given."""
+
+    @property
+    def metavar(self) -> str:
+        """How ``--help`` names the value."""
+        return "VALUE"
+
+    def parse(self, text: str, label: str | None = None) -> T:
+        """The value *text* spells, within bounds.
+
+        Raises:
+            ConfigError: not a value of this domain; the message names *label*.
+        """
+        raise NotImplementedError
+
+    def check(self, value: object, label: str) -> T:
+        """*value* (normalised) if it belongs to this domain.
+
+        Raises:
+            ConfigError: it does not; the message names *label*.
+        """
+        raise NotImplementedError
+
+    def show(self, value: T) -> str:
+        """*value* as ``--help`` prints a default."""
+        return str(value).lower()
+
+
+@dataclass(frozen=True)
+class Duration(Domain[timedelta | None]):
+    """A :class:`~datetime.timedelta` from *minimum* to :data:`~sqlaq.bounds.MAX_DURATION`.
+
+    Text: seconds (``30``, ``2.5``) or a number with a unit (``500ms``, ``30s``, ``5m``,
+    ``1h``, ``7d``). With *forever*, ``forever`` (text) or None (value) means no limit.
+    """
+
+    minimum: timedelta = timedelta(0)
+    forever: bool = False
+
+    @property
+    def metavar(self) -> str:
+        """``DURATION``."""
+        return "DURATION"
+
+    def parse(self, text: str, label: str | None = None) -> timedelta | None:
+        """See :meth:`Domain.parse`."""
+        if self.forever and text.strip().lower() == "forever":
+            return None
+        match = _DURATION_TEXT.fullmatch(text)
+        if match is None:
+            also = " or 'forever'" if self.forever else ""
+            raise ConfigError(
+                _named(
+                    label,
+                    f"invalid duration {text!r}: use seconds (30, 2.5) or a unit "
+                    f"(500ms, 30s, 5m, 1h, 7d){also}",
+                )
+            )
+        number, unit = float(match.group(1)), match.group(2) or "s"
+        # Compared before a timedelta is built: timedelta(days=1e10) raises OverflowError.
+        if number * _UNIT_SECONDS[unit] > MAX_DURATION.total_seconds():
+            raise ConfigError(
+                f"{label or 'a duration'} must be at most {_MAX_DURATION_SHOWN}, "
+                f"got {text.strip()!r}"
+            )
+        return self.check(timedelta(**{_UNITS[unit]: number}), label or "a duration")
+
+    def check(self, value: object, label: str) -> timedelta | None:
+        """See :meth:`Domain.check`."""
+        if value is None and self.forever:
+            return None
+        if not isinstance(value, timedelta):
+            also = " (or None: for ever)" if self.forever else ""
+            raise ConfigError(
+                f"{label} must be a datetime.timedelta{also}, got {value!r}; "
+                "use timedelta(seconds=...)"
+            )
+        if value < self.minimum:
+            raise ConfigError(
+                f"{label} must be at least {self.minimum.total_seconds():g}s, got {value}"
+            )
+        if value > MAX_DURATION:
+            raise ConfigError(f"{label} must be at most {_MAX_DURATION_SHOWN}, got {value}")
+        return value
+
+    def show(self, value: timedelta | None) -> str:
+        """``30s``; ``forever`` for None."""
+        return "forever" if value is None else f"{value.total_seconds():g}s"
+
+
+@dataclass(frozen=True)
+class Integer(Domain[int]):
+    """An int from *low* to *high*, both included (never a bool)."""
+
+    low: int
+    high: int
+
+    @property
+    def metavar(self) -> str:
+        """``N``."""
+        return "N"
+
+    def parse(self, text: str, label: str | None = None) -> int:
+        """See :meth:`Domain.parse`."""
+        match = _INTEGER_TEXT.fullmatch(text)
+        if match is None:
+            raise ConfigError(_named(label, f"invalid integer {text!r}"))
+        sign, digits = match.groups()
+        if len(digits.lstrip("0")) > len(str(max(abs(self.low), abs(self.high)))):
+            # Out of range whatever the digits: skip int() of a 5,000-digit number
+            # (which Python refuses beyond 4,300 digits).
+            raise ConfigError(
+                f"{label or 'the value'} must be between {self.low} and {self.high}, "
+                f"got {text.strip()[:40]!r}"
+            )
+        return self.check(int(sign + digits), label or "the value")
+
+    def check(self, value: object, label: str) -> int:
+        """See :meth:`Domain.check`."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{label} must be an int, got {value!r}")
+        if not self.low <= value <= self.high:
+            raise ConfigError(f"{label} must be between {self.low} and {self.high}, got {value}")
+        return value
+
+
+@dataclass(frozen=True)
+class Boolean(Domain[bool]):
+    """A bool; as text, ``1/true/yes/on`` or ``0/false/no/off`` in any case."""
+
+    def parse(self, text: str, label: str | None = None) -> bool:
+        """See :meth:`Domain.parse`."""
+        value = text.strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise ConfigError(_named(label, f"invalid boolean {text!r}: use true or false"))
+
+    def check(self, value: object, label: str) -> bool:
+        """See :meth:`Domain.check`."""
+        if not isinstance(value, bool):
+            raise ConfigError(f"{label} must be a bool, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class Names(Domain[tuple[str, ...]]):
+    """One or more queue names, in order, without repeats; as text, comma-separated.
+
+    A single ``str`` value is one name.
+    """
+
+    what: str = "queue"
+
+    @property
+    def metavar(self) -> str:
+        """``NAME``."""
+        return "NAME"
+
+    def parse(self, text: str, label: str | None = None) -> tuple[str, ...]:
+        """See :meth:`Domain.parse`."""
+        check_text(text, label)
+        names = tuple(name.strip() for name in text.split(",") if name.strip())
+        return self.check(names, label or f"{self.what}s")
+
+    def check(self, value: object, label: str) -> tuple[str, ...]:
+        """See :meth:`Domain.check`."""
+        names: Iterable[object]
+        if isinstance(value, str):
+            names = (value,)
+        elif isinstance(value, Iterable):
+            names = tuple(value)
+        else:
+            raise ConfigError(f"{label} must be a {self.what} name or names, got {value!r}")
+        checked: list[str] = []
+        for name in names:
+            try:
+                checked_name = check_name(self.what, name)
+            except InvalidJobError as exc:
+                raise ConfigError(_named(label, str(exc))) from exc
+            check_text(checked_name, label)
+            if checked_name not in checked:
+                checked.append(checked_name)
+        if not checked:
+            raise ConfigError(f"{label} must name at least one {self.what}")
+        return tuple(checked)
+
+    def show(self, value: tuple[str, ...]) -> str:
+        """``a,b``."""
+        return ",".join(value)
+
+
+@dataclass(frozen=True)
+class Choice(Domain[str]):
+    """One of *choices* (lower case; text in any case)."""
+
+    choices: Sequence[str]
+
+    @property
+    def metavar(self) -> str:
+        """``debug|info|...``."""
+        return "|".join(self.choices)
+
+    def parse(self, text: str, label: str | None = None) -> str:
+        """See :meth:`Domain.parse`."""
+        return self.check(text.strip().lower(), label or "the value", shown=text)
+
+    def check(self, value: object, label: str, *, shown: object = None) -> str:
+        """See :meth:`Domain.check`."""
+        if value not in self.choices:
+            given = value if shown is None else shown
+            raise ConfigError(
+                f"{label}: invalid choice {given!r}: use one of {', '.join(self.choices)}"
+            )
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Text(Domain[str]):
+    """Text PostgreSQL can store: no NUL, no lone surrogate (see :func:`check_text`)."""
+
+    @property
+    def metavar(self) -> str:
+        """``TEXT``."""
+        return "TEXT"
+
+    def parse(self, text: str, label: str | None = None) -> str:
+        """See :meth:`Domain.parse`."""
+        return check_text(text, label)
+
+    def check(self, value: object, label: str) -> str:
+        """See :meth:`Domain.check`."""
+        if not isinstance(value, str):
+            raise ConfigError(f"{label} must be a str, got {value!r}")
+        return check_text(value, label)
+
+    def show(self, value: str) -> str:
+        """The text as given."""
+        return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting, declared once: its name, domain, default and help.
+
+    The commands derive the rest: the flag (``--`` and the name with dashes, unless
+    *flag* says otherwise) and the variable (``SQLAQ_`` and the name in capitals).
+
+    Args:
+        name: The setting (a :class:`~sqlaq.WorkerConfig` field, or the command's own).
+        domain: Its values (and so its parser and bounds).
+        default: Used when neither flag nor variable is given.
+        help: One line for ``--help``.
+        flag: The flag, when not derived from *name*.
+        shown: The default as ``--help`` prints it, when not derived from *default*.
+        repeatable: The flag may be given several times; the values add up.
+        positional: An argument without a flag (its variable still applies).
+        metavar: How ``--help`` names the value, when not the domain's.
+    """
+
+    name: str
+    domain: Domain[Any]
+    default: Any
+    help: str
+    flag: str = ""
+    shown: str | None = None
+    repeatable: bool = False
+    positional: bool = False
+    metavar: str | None = None
+
+    @property
+    def flag_name(self) -> str:
+        """``--lease``; for a positional argument, its name."""
+        if self.positional:
+            return self.name
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        """``SQLAQ_LEASE``."""
+        return "SQLAQ_" + self.name.upper()
+
+    def help_text(self) -> str:
+        """The help, the variable and the default, as ``--help`` prints them."""
+        shown = self.domain.show(self.default) if self.shown is None else self.shown
+        return f"{self.help} (env: {self.env}; default: {shown})"
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"30"``, ``"2.5"``, ``"500ms"``, ``"30s"``, ``"5m"``, ``"1h"``, ``"7d"`` -> timedelta.
+
+    At most :data:`~sqlaq.bounds.MAX_DURATION` (100 years).
+
+    Raises:
+        ConfigError: not a duration, or longer than 100 years (a ValueError).
+    """
+    value = Duration().parse(text)
+    if value is None:  # pragma: no cover - Duration() without forever never returns None
+        raise ConfigError(f"invalid duration {text!r}")
+    return value
+
+
+def parse_bool(text: str) -> bool:
+    """``1/true/yes/on`` and ``0/false/no/off`` (any case) -> bool.
+
+    Raises:
+        ConfigError: anything else (a ValueError).
+    """
+    return Boolean().parse(text)
