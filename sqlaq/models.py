@@ -3,8 +3,11 @@
 ``session.add(Job(kind="send_email", payload={"user_id": 7}))`` enqueues in the same
 flush and transaction as the host's own models, even though the host's models live in
 another declarative registry. Host foreign keys to jobs must use
-``ForeignKey(sqlaq.jobs.c.id)`` (an object, not a string): the string form is resolved
-in the host's MetaData, which does not hold ``sqlaq_jobs``.
+``ForeignKey(sqlaq.jobs.c.id, ondelete="SET NULL")`` (an object, not a string): the
+string form is resolved in the host's MetaData, which does not hold ``sqlaq_jobs``. The
+``ondelete`` says what retention does to the host's row when it deletes the job
+(``"SET NULL"`` keeps it, ``"CASCADE"`` deletes it); without one, retention leaves the
+referenced job in place and warns.
 
 Attribute values are validated as they are set, with the same rules as
 :func:`sqlaq.enqueue`, so a bad job raises :class:`~sqlaq.errors.InvalidJobError` at

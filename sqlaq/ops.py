@@ -14,15 +14,18 @@ applied. Pass ``raise_on_lost=False`` to learn the outcome from the return value
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from sqlalchemy import ColumnElement, Connection, CursorResult
+from sqlalchemy import ColumnElement, Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from sqlaq import queries
@@ -36,6 +39,8 @@ from sqlaq.schema import (
     FINISHED_STATUSES,
     JobStatus,
 )
+
+_log = logging.getLogger(__name__)
 
 #: What every operation runs on: a Core connection or an ORM session.
 Executor = Connection | Session
@@ -674,20 +679,64 @@ def sweep(conn: Executor, *, limit: int = DEFAULT_PRUNE_BATCH) -> int:
     return len(conn.execute(queries.sweep_stmt(limit=limit)).all())
 
 
+class PruneResult(int):
+    """What :func:`prune` did: an ``int``, the number of jobs deleted, as it always was,
+    with what it had to leave.
+
+    Attributes:
+        skipped: Jobs old enough to delete that a host's foreign key (one without ``ON
+            DELETE``) still references, so they stay. Counted, up to the call's
+            *limit*, only by a call that ran out of jobs to delete (it returned less than
+            *limit*), so a loop of calls reports them once; 0 otherwise.
+        referenced_by: The tables (``schema.table``) whose foreign keys hold those jobs.
+    """
+
+    skipped: int
+    referenced_by: tuple[str, ...]
+
+    def __new__(
+        cls, deleted: int, skipped: int = 0, referenced_by: tuple[str, ...] = ()
+    ) -> PruneResult:
+        result = super().__new__(cls, deleted)
+        result.skipped = skipped
+        result.referenced_by = referenced_by
+        return result
+
+    def __repr__(self) -> str:
+        return (
+            f"PruneResult({int(self)}, skipped={self.skipped}, "
+            f"referenced_by={self.referenced_by!r})"
+        )
+
+
+# A reference committed after a prune's snapshot can still fail its foreign-key check
+# (which looks at the latest rows); the batch is then tried again, this many times.
+_PRUNE_ROUNDS = 3
+
+
 def prune(
     conn: Executor,
     *,
     older_than: timedelta,
     statuses: Iterable[JobStatus | str] = FINISHED_STATUSES,
     limit: int = DEFAULT_PRUNE_BATCH,
-) -> int:
+) -> PruneResult:
     """Delete up to *limit* finished jobs that finished more than *older_than* ago.
 
     One bounded batch per call: loop, committing between calls, until it returns less
     than *limit*. Queued and running jobs are never deleted.
 
+    A job that a host table still references through a foreign key without ``ON
+    DELETE`` (which would make PostgreSQL refuse the whole batch) is left in place and
+    the rest is deleted; once a call runs out of jobs to delete, it reports them in
+    :attr:`PruneResult.skipped` and logs one warning naming the tables and the fix:
+    declare the key ``ForeignKey(sqlaq.jobs.c.id, ondelete="SET NULL")`` (or
+    ``"CASCADE"``). Finding such keys reads ``pg_constraint`` (one small query per call),
+    and leaving their jobs out needs ``SELECT`` on those tables.
+
     Returns:
-        How many jobs were deleted.
+        How many jobs were deleted (a :class:`PruneResult`, an ``int`` that also
+        carries what was skipped).
 
     Raises:
         ConfigError: a status is not a finished one, or *limit* is not positive.
@@ -707,9 +756,65 @@ def prune(
             )
         wanted.add(value)
     _check_positive("limit", limit)
-    stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit)
-    result: CursorResult[Any] = conn.execute(stmt)  # type: ignore[assignment]
+    spare = [queries.Reference(*row) for row in conn.execute(queries.blocking_references_stmt())]
+    stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit, spare=spare)
+    if not spare:
+        return PruneResult(_rowcount(conn.execute(stmt)))
+    deleted = _delete_around_references(conn, stmt)
+    if deleted >= limit:
+        return PruneResult(deleted)
+    count = queries.count_referenced_stmt(
+        older_than=older_than, statuses=wanted, references=spare, limit=limit
+    )
+    skipped = int(conn.execute(count).scalar_one())
+    if not skipped:
+        return PruneResult(deleted)
+    tables = tuple(dict.fromkeys(ref.qualified for ref in spare))
+    _log.warning(
+        "prune left %d finished job(s) that %s still reference(s) through a foreign key "
+        'without ON DELETE; declare it ForeignKey(sqlaq.jobs.c.id, ondelete="SET NULL") '
+        '(or ondelete="CASCADE") so that retention can delete them',
+        skipped,
+        " and ".join(tables),
+        extra={"skipped": skipped, "tables": tables},
+    )
+    return PruneResult(deleted, skipped, tables)
+
+
+def _rowcount(result: Any) -> int:
     return int(result.rowcount)
+
+
+def _delete_around_references(conn: Executor, stmt: Any) -> int:
+    """Run a prune that spares referenced jobs, in a savepoint: a reference committed
+    meanwhile fails only the savepoint (never the caller's transaction; see the
+    foreign-key tests in tests/test_prune_fk.py), and the batch is tried again."""
+    for attempt in range(_PRUNE_ROUNDS):
+        try:
+            with _savepoint(conn):
+                return _rowcount(conn.execute(stmt))
+        except DBAPIError as exc:
+            if _sqlstate(exc) != _FOREIGN_KEY_VIOLATION or attempt == _PRUNE_ROUNDS - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+_FOREIGN_KEY_VIOLATION = "23503"
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    """The SQLSTATE of a driver error: psycopg's ``sqlstate``, asyncpg's ``pgcode``."""
+    orig = exc.orig
+    return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+
+
+@contextmanager
+def _savepoint(conn: Executor) -> Iterator[None]:
+    if _autocommit(conn):
+        yield  # each statement is a transaction of its own: a failure aborts nothing
+        return
+    with conn.begin_nested():
+        yield
 
 
 # --- worker support ---

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg.sql
@@ -54,15 +54,18 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    column,
     delete,
     exists,
     func,
     literal_column,
     null,
+    or_,
     select,
+    table,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REGCLASS, TIMESTAMP, insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.types import UserDefinedType
 
@@ -83,6 +86,8 @@ from sqlaq.schema import (
 )
 
 __all__ = [
+    "Reference",
+    "blocking_references_stmt",
     "cancel_stmt",
     "cancelled_among_stmt",
     "claim_params",
@@ -91,6 +96,7 @@ __all__ = [
     "complete_stmt",
     "count_jobs_stmt",
     "count_prunable_stmt",
+    "count_referenced_stmt",
     "due_queues_stmt",
     "enqueue_copy_stmt",
     "enqueue_many_stmt",
@@ -781,7 +787,79 @@ def cancelled_among_stmt(*, job_ids: Collection[int]) -> Select[Any]:
     )
 
 
-def prune_stmt(*, older_than: timedelta, statuses: Collection[JobStatus], limit: int) -> Delete:
+class Reference(NamedTuple):
+    """A host's foreign key to ``sqlaq_jobs.id`` that stops a job's deletion (``ON
+    DELETE NO ACTION`` or ``RESTRICT``): the referencing table and column."""
+
+    schema: str
+    table: str
+    column: str
+
+    @property
+    def qualified(self) -> str:
+        """``schema.table``, for messages."""
+        return f"{self.schema}.{self.table}"
+
+
+def blocking_references_stmt() -> Select[Any]:
+    """Select the foreign keys that stop a job's deletion: ``schema, table, column``.
+
+    Reads ``pg_constraint`` for foreign keys referencing ``sqlaq_jobs`` (resolved on the
+    search path, like every statement here) whose ``ON DELETE`` is ``NO ACTION`` or
+    ``RESTRICT`` (``confdeltype IN ('a', 'r')``); ``SET NULL`` and ``CASCADE`` never stop
+    a delete. A partition's copy of its parent's key is left out (the parent's covers
+    it). Ordered by schema, table and column.
+    """
+    con = table(
+        "pg_constraint",
+        column("conrelid"),
+        column("confrelid"),
+        column("contype"),
+        column("confdeltype"),
+        column("conparentid"),
+        column("conkey", ARRAY(SmallInteger)),
+        schema="pg_catalog",
+    )
+    rel = table(
+        "pg_class", column("oid"), column("relname"), column("relnamespace"), schema="pg_catalog"
+    )
+    nsp = table("pg_namespace", column("oid"), column("nspname"), schema="pg_catalog")
+    att = table(
+        "pg_attribute", column("attrelid"), column("attnum"), column("attname"), schema="pg_catalog"
+    )
+    jobs_oid = cast(literal_column(f"'{jobs.name}'", Text), REGCLASS)
+    return (
+        select(nsp.c.nspname, rel.c.relname, att.c.attname)
+        .select_from(con)
+        .join(rel, rel.c.oid == con.c.conrelid)
+        .join(nsp, nsp.c.oid == rel.c.relnamespace)
+        .join(att, and_(att.c.attrelid == con.c.conrelid, att.c.attnum == con.c.conkey[1]))
+        .where(
+            con.c.contype == literal_column("'f'"),
+            con.c.confrelid == jobs_oid,
+            con.c.confdeltype.in_([literal_column("'a'"), literal_column("'r'")]),
+            con.c.conparentid == literal_column("0"),
+        )
+        .order_by(nsp.c.nspname, rel.c.relname, att.c.attname)
+    )
+
+
+def _referenced(references: Sequence[Reference]) -> ColumnElement[bool]:
+    """True for a job some row of *references* points at (``EXISTS`` per key)."""
+    found = []
+    for ref in references:
+        host = table(ref.table, column(ref.column), schema=ref.schema)
+        found.append(exists().where(host.c[ref.column] == c.id))
+    return or_(*found)
+
+
+def prune_stmt(
+    *,
+    older_than: timedelta,
+    statuses: Collection[JobStatus],
+    limit: int,
+    spare: Sequence[Reference] = (),
+) -> Delete:
     """Delete up to *limit* finished jobs that finished more than *older_than* ago.
 
     Renders::
@@ -795,16 +873,44 @@ def prune_stmt(*, older_than: timedelta, statuses: Collection[JobStatus], limit:
 
     Pending rows can never match (the literal predicate), and the finished index serves
     the scan. Run it repeatedly, committing between batches, to prune a large backlog.
+
+    With *spare* (from :func:`blocking_references_stmt`), jobs a row of those tables
+    still references are left out (``AND NOT (EXISTS (SELECT FROM host WHERE host.col =
+    sqlaq_jobs.id) OR ...)``) instead of failing the whole batch with a foreign key
+    violation. Each probe is the lookup PostgreSQL's own foreign-key check would make
+    on delete, so it is as cheap as the host's column is indexed.
     """
+    which = [_prunable(older_than, statuses)]
+    if spare:
+        which.append(~_referenced(spare))
     doomed = (
         select(c.id)
-        .where(_prunable(older_than, statuses))
+        .where(*which)
         .limit(bindparam("b_limit", limit, Integer))
         .with_for_update(skip_locked=True)
         .cte("doomed")
         .prefix_with("MATERIALIZED")
     )
     return delete(jobs).where(c.id == doomed.c.id)
+
+
+def count_referenced_stmt(
+    *,
+    older_than: timedelta,
+    statuses: Collection[JobStatus],
+    references: Sequence[Reference],
+    limit: int,
+) -> Select[int]:
+    """Count, up to *limit*, the jobs :func:`prune_stmt` would delete but for a row of
+    *references* pointing at them: ``SELECT count(*) FROM (SELECT 1 ... LIMIT n)``."""
+    held = (
+        select(literal_column("1"))
+        .select_from(jobs)
+        .where(_prunable(older_than, statuses), _referenced(references))
+        .limit(bindparam("b_limit", limit, Integer))
+        .subquery("held")
+    )
+    return select(func.count()).select_from(held)
 
 
 def _prunable(older_than: timedelta, statuses: Collection[JobStatus]) -> ColumnElement[bool]:

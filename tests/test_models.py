@@ -24,7 +24,7 @@ class Order(HostBase):
     item: Mapped[str] = mapped_column(String(50))
     # Host foreign keys to jobs use the Column object: a string would be resolved in the
     # host's MetaData, which does not hold sqlaq_jobs.
-    job_id: Mapped[int | None] = mapped_column(ForeignKey(sqlaq.jobs.c.id))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey(sqlaq.jobs.c.id, ondelete="SET NULL"))
 
 
 @pytest.fixture
