@@ -28,18 +28,23 @@ It must not configure logging, read the environment, or install signal handlers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 from time import monotonic
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine
 
 from sqlaq import ops, queries
 from sqlaq.config import WorkerConfig
+from sqlaq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlaq.maintenance import Maintenance
 from sqlaq.outcome import Outcome, Verdict
 from sqlaq.registry import Registry
@@ -66,10 +71,13 @@ class Worker:
     """Runs the handlers of *registry* for the due jobs of the configured queues.
 
     Args:
-        engine: The queue's database. While :meth:`run` runs, the worker holds one
-            connection (its claims) and uses a second for writing outcomes, plus one per
-            handler calling ``current_job().extend_lease()``, plus a LISTEN connection
-            of its own made from the engine's URL.
+        engine: The queue's database: an Engine, or an ``AsyncEngine`` (the worker then
+            makes an Engine of its own on the same URL with the sync psycopg driver,
+            disposed when it stops: its bookkeeping runs in threads). While
+            :meth:`run` runs, the worker holds one connection (its claims) and uses a
+            second for writing outcomes, plus one per handler calling
+            ``current_job().extend_lease()``, plus a LISTEN connection of its own made
+            from the engine's URL.
         registry: The handlers.
         config: The options; or pass them as keywords (``concurrency=8``), which
             override *config*'s.
@@ -90,7 +98,7 @@ class Worker:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | AsyncEngine,
         registry: Registry,
         config: WorkerConfig | None = None,
         *,
@@ -101,6 +109,8 @@ class Worker:
         if options or config is None:
             config = WorkerConfig.from_options(config, **options)
         self.config = config
+        self._own_engine = not isinstance(engine, Engine)
+        engine = sync_engine(engine)
         self.worker_id: UUID = uuid4()
         self.started = threading.Event()
         self.idle = threading.Event()
@@ -133,6 +143,7 @@ class Worker:
         self._refill = max(1, config.prefetch // 2)
         self._listener: Listener | None = None
         self._maintenance: Maintenance | None = None
+        self._task: asyncio.Task[None] | None = None  # run_async's, under async with
 
     @property
     def listening(self) -> bool:
@@ -156,6 +167,44 @@ class Worker:
         finally:
             self._close()
             self.stopped.set()
+
+    async def run_async(self) -> None:
+        """:meth:`run` inside an asyncio application: ``async`` handlers run on the
+        calling event loop (the app's), sync handlers on the worker's threads, and the
+        worker's own bookkeeping in a thread of its own, so the loop is never blocked.
+
+        Cancelling the awaiting task (an app's lifespan ending) stops the worker
+        gracefully: running jobs get the grace period, then the rest is handed back;
+        the cancellation is re-raised once the worker has stopped.
+        """
+        self._runner.use_loop(asyncio.get_running_loop())
+        thread = asyncio.ensure_future(asyncio.to_thread(self.run))
+        try:
+            await asyncio.shield(thread)
+        except asyncio.CancelledError:
+            self.stop()
+            await thread
+            raise
+
+    async def __aenter__(self) -> Worker:
+        """Start :meth:`run_async` as a task of the running loop (e.g. in a FastAPI
+        lifespan: ``async with sqlaq.Worker(engine, registry):``); return once the
+        worker is looking for jobs."""
+        self._task = asyncio.create_task(self.run_async(), name="sqlaq-worker")
+        await asyncio.to_thread(self._wait_started)
+        if self._task.done():
+            self._task.result()  # raises what stopped it
+        return self
+
+    def _wait_started(self) -> None:
+        while not (self.started.wait(0.05) or self.stopped.is_set()):
+            pass
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Stop gracefully (the grace period applies) and wait until stopped."""
+        self.stop()
+        if self._task is not None:
+            await self._task
 
     def stop(self, *, now: bool = False) -> None:
         """Ask :meth:`run` to stop; safe from any thread, not from a signal handler
@@ -486,4 +535,40 @@ class Worker:
         self._writer.close()  # it closes its connection on the way out
         self._fetcher.close()
         self._runner.close()
+        if self._own_engine:
+            self._engine.dispose()
         _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})
+
+
+#: The sync driver used for a URL of each async one.
+SYNC_DRIVERS = {
+    "postgresql+psycopg_async": "postgresql+psycopg",
+    "postgresql+asyncpg": "postgresql+psycopg",
+}
+
+
+def sync_engine(engine: object) -> Engine:
+    """*engine* if it is an Engine; for an AsyncEngine, a new Engine on its URL with the
+    sync psycopg driver (the worker's threads need blocking connections).
+
+    Raises:
+        ConfigError: *engine* is neither, or its driver has no sync counterpart here.
+    """
+    if isinstance(engine, Engine):
+        return engine
+    # An AsyncEngine wraps an Engine; recognised without importing sqlalchemy.ext.asyncio
+    # (which needs greenlet, an extra a sync application does not install).
+    inner = getattr(engine, "sync_engine", None)
+    if not isinstance(inner, Engine):
+        raise ConfigError(
+            f"sqlaq.Worker needs a SQLAlchemy Engine or AsyncEngine, got {type(engine).__name__}"
+        )
+    url = inner.url
+    driver = SYNC_DRIVERS.get(url.drivername)
+    if driver is None:
+        raise ConfigError(
+            f"sqlaq.Worker cannot use the async driver {url.drivername!r}; "
+            "use postgresql+psycopg_async:// or postgresql+asyncpg://"
+        )
+    _log.info("worker connects with %s (sync) to the AsyncEngine's database", driver)
+    return create_engine(url.set(drivername=driver), pool_pre_ping=True)

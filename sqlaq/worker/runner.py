@@ -108,16 +108,26 @@ class Runner:
                 break
         return taken
 
+    def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run async handlers on *loop*, the host application's (``Worker.run_async``),
+        instead of a loop of the runner's own. Call before the first submit."""
+        with self._loop_lock:
+            self._loop = loop
+
     def close(self) -> None:
-        """Let idle threads exit, cancel running async handlers, stop the loop.
+        """Let idle threads exit, cancel running async handlers, stop the loop (only
+        the runner's own: a host's loop goes on).
 
         Threads still running a sync handler are abandoned (they are daemons).
         """
         for _ in self._threads:
             self._queue.put(None)
         loop = self._loop
-        if loop is not None and self._loop_thread is not None:
-            loop.call_soon_threadsafe(self._cancel_tasks)
+        if loop is None or loop.is_closed():
+            return
+        own = self._loop_thread is not None
+        loop.call_soon_threadsafe(self._cancel_tasks, own)
+        if self._loop_thread is not None:
             self._loop_thread.join(timeout=2.0)
 
     def _grow(self, target: int) -> None:
@@ -260,10 +270,12 @@ class Runner:
         duration = perf_counter() - started
         self._on_finished(Finished(run, decide(run.handler, run.job, error), duration))
 
-    def _cancel_tasks(self) -> None:
+    def _cancel_tasks(self, stop: bool) -> None:
         loop = asyncio.get_running_loop()
         for task in self._tasks:
             task.cancel()
+        if not stop:
+            return
         pending = list(self._tasks)
         if pending:
             done = asyncio.gather(*pending, return_exceptions=True)
