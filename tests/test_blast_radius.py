@@ -166,14 +166,20 @@ def test_a_worker_stopped_past_its_leases_carries_on_when_resumed(
     """SIGSTOP a real worker until every lease it holds has expired, then SIGCONT, three
     times: it claims its own jobs again, the stale runs write nothing, nothing crashes,
     no good job fails, and every job ends done."""
-    ids = enqueue_many(ledger, "sleep", 16, payload={"seconds": 0.5})
+    # Fewer jobs than slots: a resumed worker has room, so it claims its own expired
+    # jobs again at once (the stale runs go on in their threads).
+    ids = enqueue_many(ledger, "sleep", 6, payload={"seconds": 3})
+    stops = 0
     with worker_processes(database_url) as start:
-        worker = start("--concurrency", "4", "--lease", "1", "--maintenance", "false", *FAST)
-        for _ in range(3):
+        worker = start("--concurrency", "8", "--lease", "1", "--no-maintenance", *FAST)
+        # At least 3 stops, and on until one made the worker claim its own job again (on
+        # resume its claim and its lease renewal race: the claim wins most times).
+        while stops < 3 or (stops < 12 and scalar(ledger, _MAX_ATTEMPTS) == 1):
             wait_until(
                 lambda: count_status(ledger, "running") > 0, 30, "jobs running", interval=0.02
             )
             worker.signal(signal.SIGSTOP)
+            stops += 1
             try:
                 wait_until(
                     lambda: (
@@ -201,3 +207,8 @@ def test_a_worker_stopped_past_its_leases_carries_on_when_resumed(
         "SELECT count(DISTINCT job_id) FROM sqlaq_test_ledger WHERE note = 'finished'",
     )[0][0]
     assert finished == len(ids)
+    # The stalls did what they are for: some jobs were claimed again after their lease.
+    assert scalar(ledger, _MAX_ATTEMPTS) > 1, f"no job was claimed again in {stops} stops"
+
+
+_MAX_ATTEMPTS = "SELECT max(attempts) FROM sqlaq_jobs"
