@@ -19,10 +19,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check."""
-    session.install("ruff")
+    """ruff check, ruff format --check, and the layering contract (import-linter)."""
+    session.install("ruff", "import-linter>=2.1", "-e", ".")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports")
 
 
 @nox.session(python=PYTHON)
