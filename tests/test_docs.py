@@ -315,6 +315,30 @@ def embedded_worker_prelude(
         ]
 
 
+@prelude("asyncio-worker")
+def asyncio_worker_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database and a ``registry`` whose ``async`` handler records
+    its payloads and the loop it ran on; one job is committed before the sample runs."""
+    ran: list[tuple[dict[str, Any], Any]] = []
+    registry = sqlaq.Registry()
+
+    async def send(payload: dict[str, Any]) -> None:
+        import asyncio
+
+        ran.append((payload, asyncio.get_running_loop()))
+
+    registry.add("send_welcome_email", send)
+    with committed.begin() as conn:
+        sqlaq.enqueue(conn, "send_welcome_email", {"user_id": 42})
+    namespace: dict[str, Any] = {"engine": committed, "registry": registry}
+    yield namespace
+    assert [payload for payload, _ in ran] == [{"user_id": 42}]
+    with committed.connect() as conn:
+        assert [tuple(row) for row in _jobs(conn)] == [
+            ("send_welcome_email", {"user_id": 42}, "done")
+        ]
+
+
 @prelude("pytest-session")
 def pytest_session_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
     """``signup`` (the application code under test, which enqueues), a ``registry``
