@@ -18,7 +18,14 @@ import psycopg
 import pytest
 from helpers import expire_lease, job_row
 from sqlalchemy import Connection, Engine, text
-from workerkit import WorkerProcess, count_status, scalar, wait_until, worker_processes
+from workerkit import (
+    WorkerProcess,
+    count_status,
+    libpq_url,
+    scalar,
+    wait_until,
+    worker_processes,
+)
 
 import sqlaq
 from sqlaq.config import WorkerConfig
@@ -68,7 +75,7 @@ def test_cancel_notifies_for_running_jobs_only(committed: Engine, database_url: 
         queued = sqlaq.enqueue(conn, "k", priority=-1).job_id
         sqlaq.enqueue(conn, "k")
         running = claim_one(conn)
-    dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
+    dsn = libpq_url(database_url)
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute(f"LISTEN {CANCEL_CHANNEL}")
         with committed.begin() as conn:
@@ -204,7 +211,7 @@ def test_three_workers_elect_one_leader_that_prunes_and_a_new_one_after_a_kill(
 
 
 def test_notify_queues_wakes_each_queue_on_commit(committed: Engine, database_url: str) -> None:
-    dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
+    dsn = libpq_url(database_url)
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute("LISTEN sqlaq_jobs")
         with committed.begin() as conn:

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from sqlalchemy import Engine, ForeignKey, String, select, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from workerkit import libpq_url
 
 import sqlaq
 from sqlaq import Job
@@ -38,10 +38,7 @@ def host_tables(committed: Engine) -> Iterator[Engine]:
 
 @pytest.fixture
 def listener(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
-    url = make_url(database_url)
-    with psycopg.connect(
-        host=url.host, port=url.port, user=url.username, dbname=url.database, autocommit=True
-    ) as conn:
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
         conn.execute("LISTEN sqlaq_jobs")
         yield conn
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
 from worker_app import LEDGER
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -37,6 +38,13 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def libpq_url(database_url: str) -> str:
+    """*database_url* (a SQLAlchemy URL) as a libpq URI for ``psycopg.connect``: any
+    host (TCP, or a Unix socket in ``?host=``), port, user and password kept."""
+    url = make_url(database_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
 
 
 def scalar(engine: Engine, sql: str, **params: Any) -> Any:
