@@ -8,9 +8,10 @@ one line to stderr and exits 2, without a traceback. The commands are the only m
 that read ``os.environ``, and nothing writes it. Precedence: flag > variable > default.
 
 Signals: the worker runs in its own thread; the main thread only reads a pipe. A signal
-handler writes the signal's number to that pipe and does nothing else (it may interrupt
-any code of the main thread, so it must not take a lock), and the worker thread writes
-a zero when it ends. The main thread acts on what it reads: the first SIGTERM/SIGINT asks
+writes its number to that pipe (``signal.set_wakeup_fd``: the interpreter's C-level
+handler does, in whichever thread the signal lands) and nothing else runs in the
+handler (it may interrupt any code, so it must not take a lock); the worker thread
+writes a zero when it ends. The main thread acts on what it reads: the first SIGTERM/SIGINT asks
 for a graceful stop, the second hands running jobs back at once (exit 1), and the third
 exits the process at once (exit 1), however wedged the worker is.
 
@@ -29,7 +30,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -247,24 +248,30 @@ _WORKER_ENDED = 0
 
 @contextmanager
 def _signal_pipe() -> Iterator[tuple[int, int]]:
-    """A pipe that SIGTERM and SIGINT write their numbers to; handlers restored on exit."""
+    """A pipe that SIGTERM and SIGINT write their numbers to; all restored on exit.
+
+    The write is the interpreter's C-level handler's (``signal.set_wakeup_fd``), in
+    whichever thread the signal lands: a Python-level handler runs only in the main
+    thread, and only once it executes bytecode, so a signal taken by another thread
+    would never wake a main thread blocked in ``os.read``. The Python-level handler
+    is installed (the default action would end the process) and does nothing.
+    """
     read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)  # a handler must never block
-
-    def handle(signum: int, _frame: FrameType | None) -> None:
-        # Only this: the handler runs between two bytecodes of the main thread,
-        # whatever that thread holds (see the module docstring).
-        with suppress(OSError):  # a full pipe (signals nobody reads): nothing to add
-            os.write(write_end, bytes([signum]))
-
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    os.set_blocking(write_end, False)  # the C handler must never block
+    previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield read_end, write_end
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        signal.set_wakeup_fd(previous_fd)
         os.close(read_end)
         os.close(write_end)
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """The Python-level handler of SIGTERM and SIGINT: the wakeup fd did the work."""
 
 
 def _run_until_signalled(worker: Worker, body: Callable[[], None]) -> int:
