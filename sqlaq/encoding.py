@@ -2,31 +2,52 @@
 
 Everything a caller hands to ``enqueue`` is checked here before any statement is built,
 so bad input raises :class:`~sqlaq.errors.InvalidJobError` with a message naming the
-field and the fix, and nothing is written.
+field (or the path inside the payload) and the fix, and nothing is written.
 
 Decisions written down here:
 
-* A payload is a JSON object (a ``dict`` with ``str`` keys): the handler receives it as
-  its one argument, and an object can grow fields without breaking old jobs. Nested
-  values may be any JSON: ``dict``, ``list``/``tuple``, ``str``, ``int``, finite
-  ``float``, ``bool``, ``None``.
-* NaN and Infinity are rejected (PostgreSQL's jsonb has no such values), and so is the
-  NUL character anywhere (jsonb and text cannot store it).
+* A payload is a JSON object (a ``Mapping`` with ``str`` keys): the handler receives it
+  as its one argument, and an object can grow fields without breaking old jobs. Nested
+  values may be any JSON: a ``Mapping`` (any, not only ``dict``: it is stored as a JSON
+  object and comes back as a ``dict``), ``list``/``tuple`` (comes back as a ``list``),
+  ``str``, ``int``, finite ``float``, ``bool``, ``None``.
+* **Text PostgreSQL cannot store is refused** in every text field (payload strings and
+  keys, ``kind``, ``queue``, ``dedupe_key``): the NUL character, and lone surrogates
+  (``"\\ud800"``, what ``errors="surrogateescape"`` leaves of undecodable bytes), which
+  are not Unicode text and cannot be encoded to UTF-8.
+* NaN and Infinity are refused (JSON and jsonb have no such values). jsonb keeps
+  numbers as decimals and prints them without exponents, so a float of 1e16 or more
+  (which ``repr`` spells ``1e+16``) is sent spelt out with a fraction
+  (``10000000000000000.0``): it comes back as the same float, not as an int. (Through
+  the ORM :class:`~sqlaq.Job`, whose payload SQLAlchemy's serializer encodes, it comes
+  back as an int.)
+* **Ints are bounded to** :data:`MAX_INT_DIGITS` **(4,300) digits**: jsonb would hold far
+  more (131,072 digits), but Python converts ints to and from text only up to 4,300
+  digits by default (``sys.get_int_max_str_digits()``), so a longer one could be
+  stored and then not read back. A process that lowered that limit gets its own limit.
+* **Nesting is bounded to** :data:`MAX_DEPTH` **(500) levels**, and a payload that
+  contains itself (a cycle) is refused, naming where: both would otherwise end in a
+  ``RecursionError`` somewhere between here and the handler.
 * The payload is encoded once, here, and sent as text cast to jsonb, so no driver or
   SQLAlchemy serializer runs over it again.
 * Times are intervals (``delay``), never timestamps: the database clock is the only
-  clock, and ``run_at`` is always ``now() + delay``.
+  clock, and ``run_at`` is always ``now() + delay``. Every duration is at most
+  :data:`~sqlaq.bounds.MAX_DURATION` (100 years; see :mod:`sqlaq.bounds`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
+from sqlaq.bounds import MAX_DURATION
 from sqlaq.errors import InvalidJobError
 from sqlaq.schema import (
     DEFAULT_MAX_ATTEMPTS,
@@ -35,16 +56,60 @@ from sqlaq.schema import (
     MAX_NAME_LENGTH,
 )
 
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_INT_DIGITS",
+    "NewJob",
+    "check_dedupe_key",
+    "check_duration",
+    "check_int",
+    "check_name",
+    "check_payload",
+    "check_text",
+    "encode_payload",
+    "plain_payload",
+]
+
+#: How deep a payload may nest: a value inside this many objects or arrays, not more.
+MAX_DEPTH = 500
+#: The most digits an int in a payload may have (Python's default int/str limit).
+MAX_INT_DIGITS = 4300
+
 _SMALLINT = (-32768, 32767)
 _INT4_MAX = 2_147_483_647
-_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+_INT_BOUNDS: dict[int, int] = {}
+
+
+def check_text(field_name: str, value: str) -> str:
+    """Return *value* if PostgreSQL can store it as text, else raise.
+
+    Raises:
+        InvalidJobError: it holds a NUL character or a lone surrogate.
+    """
+    if "\x00" in value:
+        raise InvalidJobError(
+            f"{field_name} contains a NUL character (at index {value.index(chr(0))}); "
+            "PostgreSQL cannot store it: remove it"
+        )
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start]
+            raise InvalidJobError(
+                f"{field_name} contains a lone surrogate ({bad!r} at index {exc.start}), "
+                "which is not Unicode text and which PostgreSQL cannot store: decode the "
+                "bytes it came from properly (e.g. data.decode('utf-8', 'replace'))"
+            ) from None
+    return value
 
 
 def check_name(field_name: str, value: object) -> str:
     """Return *value* if it is a usable ``kind`` or ``queue`` name, else raise.
 
     Raises:
-        InvalidJobError: not a string, empty, longer than 255 characters, or holding NUL.
+        InvalidJobError: not a string, empty, longer than 255 characters, or holding NUL
+            or a lone surrogate.
     """
     if not isinstance(value, str):
         raise InvalidJobError(f"{field_name} must be a str, got {type(value).__name__}")
@@ -54,9 +119,7 @@ def check_name(field_name: str, value: object) -> str:
         raise InvalidJobError(
             f"{field_name} is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}"
         )
-    if "\x00" in value:
-        raise InvalidJobError(f"{field_name} contains a NUL character; remove it")
-    return value
+    return check_text(field_name, value)
 
 
 def check_int(field_name: str, value: object, low: int, high: int) -> int:
@@ -69,10 +132,12 @@ def check_int(field_name: str, value: object, low: int, high: int) -> int:
 
 
 def check_duration(field_name: str, value: object, *, allow_zero: bool = True) -> timedelta:
-    """Return *value* if it is a non-negative ``timedelta`` (positive if not *allow_zero*).
+    """Return *value* if it is a ``timedelta`` from zero (or more, if not *allow_zero*)
+    to :data:`~sqlaq.bounds.MAX_DURATION` (100 years).
 
     Raises:
-        InvalidJobError: not a timedelta, negative, or zero where zero is not allowed.
+        InvalidJobError: not a timedelta, negative, zero where zero is not allowed, or
+            longer than 100 years.
     """
     if not isinstance(value, timedelta):
         raise InvalidJobError(
@@ -82,57 +147,219 @@ def check_duration(field_name: str, value: object, *, allow_zero: bool = True) -
     if value < timedelta(0) or (not allow_zero and value == timedelta(0)):
         bound = "zero or more" if allow_zero else "more than zero"
         raise InvalidJobError(f"{field_name} must be {bound}, got {value}")
+    if value > MAX_DURATION:
+        raise InvalidJobError(
+            f"{field_name} must be at most 100 years ({MAX_DURATION.days} days), got "
+            f"{value.days} days: a time that far off cannot be stored and read back"
+        )
     return value
+
+
+def check_payload(payload: object) -> None:
+    """Validate *payload*.
+
+    Raises:
+        InvalidJobError: the payload is not a JSON object of JSON values: see the
+            module's decisions. The message gives the path to the bad value.
+    """
+    _check(payload)
 
 
 def encode_payload(payload: object) -> str:
     """Validate *payload* and return it as compact JSON text.
 
     Raises:
-        InvalidJobError: the payload is not a JSON object of JSON values, or holds NaN,
-            Infinity or a NUL character. The message gives the path to the bad value.
+        InvalidJobError: as :func:`check_payload`.
     """
+    found = _check(payload)
+    try:
+        text = _ENCODER.encode(payload)
+    except RecursionError:
+        # Within MAX_DEPTH, but the caller's own stack was already deep.
+        raise InvalidJobError(
+            "payload nests too deep to encode from this call stack; flatten it"
+        ) from None
+    if found & _BIG_FLOAT:
+        text = _TOKEN.sub(_fixed_point, text)
+    return text
+
+
+def plain_payload(payload: object) -> dict[str, Any]:
+    """*payload*, validated, as a ``dict`` of plain JSON values (itself if it is one).
+
+    Raises:
+        InvalidJobError: as :func:`check_payload`.
+    """
+    if _check(payload) & _OTHER_MAPPING:
+        plain: dict[str, Any] = json.loads(encode_payload(payload))
+        return plain
+    return payload  # type: ignore[return-value]
+
+
+def _check(payload: object) -> int:
     if not isinstance(payload, Mapping):
         raise InvalidJobError(
             f"payload must be a dict (a JSON object), got {type(payload).__name__}; "
             "wrap the value, e.g. {'items': [...]}"
         )
-    _check_value(payload, "payload")
-    return _ENCODER.encode(payload)
+    return _walk(payload, _int_bound())
 
 
-def _check_value(value: Any, path: str) -> None:
-    # Walk the value once to name the exact bad element; json.dumps alone would only say
-    # "Object of type set is not JSON serializable" with no path.
-    if value is None or isinstance(value, bool | int):
-        return
+def _as_dict(value: object) -> dict[Any, Any]:
+    # The encoder's hook for what it cannot encode: only a non-dict Mapping gets here,
+    # since the payload was walked first.
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")  # pragma: no cover
+
+
+_ENCODER = json.JSONEncoder(
+    allow_nan=False,
+    ensure_ascii=False,
+    separators=(",", ":"),
+    default=_as_dict,
+    check_circular=False,  # the walk refused cycles already
+)
+
+# What the walk found that encoding must mind.
+_OTHER_MAPPING = 1  # a Mapping that is not a dict: the encoder's hook copies it
+_BIG_FLOAT = 2  # a float of 1e16 or more, which repr spells with an exponent
+_BIG = 1e16
+# A JSON string (skipped) or a number with a positive exponent (Python's repr of a big
+# float: 1e+16, -1.5e+308).
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?e\+\d+)')
+
+
+def _fixed_point(match: re.Match[str]) -> str:
+    """A big float's exponent form spelt out with a fraction: ``1e+16`` ->
+    ``10000000000000000.0``. jsonb keeps the number as that decimal, fraction included,
+    so it reads back as the same float, not as an int."""
+    number = match.group(1)
+    if number is None:
+        return match.group(0)
+    return format(Decimal(number), "f") + ".0"
+
+
+# Where a container sits in the payload: (parent link, key, the container, its level).
+# Paths are spelt out from these links only for an error message.
+_Link = tuple[Any, Any, Any, int]
+
+
+def _spell(link: _Link | None, key: Any = None, limit: int = 12) -> str:
+    keys: list[Any] = [] if key is None else [key]
+    while link is not None and link[0] is not None:
+        keys.append(link[1])
+        link = link[0]
+    keys.reverse()
+    shown = "".join(f"[{k!r}]" for k in keys[:limit])
+    if len(keys) > limit:
+        shown += f"...({len(keys)} levels)"
+    return "payload" + shown
+
+
+def _int_bound() -> int:
+    """10 ** (the most digits an int may have): the default limit, or this process's
+    lower one."""
+    limit = sys.get_int_max_str_digits()
+    digits = MAX_INT_DIGITS if limit == 0 else min(limit, MAX_INT_DIGITS)
+    bound = _INT_BOUNDS.get(digits)
+    if bound is None:
+        bound = _INT_BOUNDS[digits] = 10**digits
+    return bound
+
+
+def _digits(bound: int) -> int:
+    return next(d for d, b in _INT_BOUNDS.items() if b == bound)
+
+
+def _walk(payload: Mapping[Any, Any], int_bound: int) -> int:
+    # One walk, without recursion, names the exact bad element; json.dumps alone would
+    # say "Object of type set is not JSON serializable" with no path, or raise
+    # RecursionError.
+    found = 0
+    stack: list[_Link] = [(None, None, payload, 1)]
+    while stack:
+        link = stack.pop()
+        container, level = link[2], link[3]
+        if level > MAX_DEPTH:
+            raise InvalidJobError(_too_deep(link))
+        if isinstance(container, Mapping):
+            if not isinstance(container, dict):
+                found |= _OTHER_MAPPING
+            for key, item in container.items():
+                if type(key) is not str or "\x00" in key or not key.isascii():
+                    _check_key(link, key)
+                if isinstance(item, Mapping | list | tuple):
+                    stack.append((link, key, item, level + 1))
+                else:
+                    found |= _check_scalar(item, link, key, int_bound)
+        else:
+            for index, item in enumerate(container):
+                if isinstance(item, Mapping | list | tuple):
+                    stack.append((link, index, item, level + 1))
+                else:
+                    found |= _check_scalar(item, link, index, int_bound)
+    return found
+
+
+def _check_key(link: _Link, key: Any) -> None:
+    if not isinstance(key, str):
+        raise InvalidJobError(
+            f"{_spell(link)} has a key {key!r} of type {type(key).__name__}; "
+            "JSON object keys must be str"
+        )
+    if "\x00" in key or not key.isascii():
+        check_text(f"{_spell(link)} has a key that", key)
+
+
+def _check_scalar(value: Any, link: _Link, key: Any, int_bound: int) -> int:
+    """Check a value that is not a container; return what encoding must mind (flags)."""
+    if value is None or value is True or value is False:
+        return 0
     if isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidJobError(f"{path} contains a NUL character; PostgreSQL cannot store it")
-        return
+        if "\x00" in value or not value.isascii():
+            check_text(_spell(link, key), value)
+        return 0
+    if isinstance(value, int):
+        if not -int_bound < value < int_bound:
+            digits = _digits(int_bound)
+            raise InvalidJobError(
+                f"{_spell(link, key)} is an int of more than {digits} digits, which "
+                "Python cannot read back from text: store it as a string"
+            )
+        return 0
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidJobError(
-                f"{path} is {value!r}; JSON has no NaN or Infinity, use null or a string"
+                f"{_spell(link, key)} is {value!r}; JSON has no NaN or Infinity, "
+                "use null or a string"
             )
-        return
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidJobError(
-                    f"{path} has a key {key!r} of type {type(key).__name__}; "
-                    "JSON object keys must be str"
-                )
-            if "\x00" in key:
-                raise InvalidJobError(f"{path} has a key containing a NUL character")
-            _check_value(item, f"{path}[{key!r}]")
-        return
-    if isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _check_value(item, f"{path}[{index}]")
-        return
+        return _BIG_FLOAT if abs(value) >= _BIG else 0
     hint = "use a list" if isinstance(value, set | frozenset) else "convert it to a JSON value"
-    raise InvalidJobError(f"{path} is a {type(value).__name__}, not JSON-serialisable; {hint}")
+    raise InvalidJobError(
+        f"{_spell(link, key)} is a {type(value).__name__}, not JSON-serialisable; {hint}"
+    )
+
+
+def _too_deep(link: _Link) -> str:
+    """The message for a container past MAX_DEPTH: a cycle, if one of its ancestors is
+    met twice on the way down, else plain depth."""
+    chain: list[_Link] = []
+    node: _Link | None = link
+    while node is not None:
+        chain.append(node)
+        node = node[0]
+    chain.reverse()
+    first: dict[int, _Link] = {}
+    for node in chain:
+        seen = first.setdefault(id(node[2]), node)
+        if seen is not node:
+            return (
+                f"{_spell(node)} is {_spell(seen)} again: the payload contains itself, "
+                "which JSON cannot hold; copy the data instead of nesting the object in "
+                "itself"
+            )
+    return f"{_spell(link)} nests deeper than {MAX_DEPTH} levels; flatten the payload"
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,13 +401,17 @@ class NewJob:
 
 
 def check_dedupe_key(value: object) -> str:
-    """Return *value* if it is a usable dedupe key, else raise InvalidJobError."""
+    """Return *value* if it is a usable dedupe key, else raise.
+
+    Raises:
+        InvalidJobError: not a str, empty, holding NUL or a lone surrogate, or longer
+            than :data:`~sqlaq.schema.MAX_DEDUPE_KEY_BYTES` bytes in UTF-8.
+    """
     if not isinstance(value, str):
         raise InvalidJobError(f"dedupe_key must be a str or None, got {type(value).__name__}")
     if not value:
         raise InvalidJobError("dedupe_key must not be empty; pass None for no dedupe")
-    if "\x00" in value:
-        raise InvalidJobError("dedupe_key contains a NUL character; remove it")
+    check_text("dedupe_key", value)
     size = len(value.encode())
     if size > MAX_DEDUPE_KEY_BYTES:
         raise InvalidJobError(

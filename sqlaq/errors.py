@@ -74,7 +74,10 @@ class Snooze(SqlaqError):
     not counted. Nothing is written to ``last_error``.
 
     Args:
-        delay: How long to wait; a non-negative ``timedelta``.
+        delay: How long to wait; any non-negative ``timedelta``. One longer than
+            :data:`sqlaq.bounds.MAX_DURATION` (100 years), ``timedelta.max`` included
+            ("snooze for ever"), is brought down to it when the job is written, never
+            refused.
 
     Raises:
         InvalidJobError: *delay* is not a non-negative timedelta.

@@ -39,6 +39,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from sqlaq.bounds import MAX_DURATION
 from sqlaq.errors import ConfigError
 
 __all__ = ["MAX_RATE_COUNT", "Allowance", "Rate", "allowance"]
@@ -66,7 +67,7 @@ class Rate:
 
     Raises:
         ConfigError: *count* is not an int from 1 to :data:`MAX_RATE_COUNT`, or *period*
-            is not a timedelta of at least a millisecond.
+            is not a timedelta from a millisecond to 100 years.
     """
 
     count: int
@@ -81,6 +82,11 @@ class Rate:
         if not isinstance(self.period, timedelta) or self.period < _UNITS["ms"]:
             raise ConfigError(
                 f"a rate's period must be a timedelta of 1ms or more, got {self.period!r}"
+            )
+        if self.period > MAX_DURATION:
+            raise ConfigError(
+                f"a rate's period must be at most 100 years ({MAX_DURATION.days}d), "
+                f"got {self.period.days} days"
             )
 
     @classmethod
@@ -98,6 +104,14 @@ class Rate:
                 "ms, s, m, h or d, e.g. '5/s', '100/m', '10/30s'"
             )
         count, number, unit = match.groups()
+        if len(count) > len(str(MAX_RATE_COUNT)):  # int() of thousands of digits raises
+            raise ConfigError(f"a rate's count must be 1 to {MAX_RATE_COUNT}, got {count[:20]}...")
+        seconds = _UNITS[unit].total_seconds() * float(number or 1)
+        if seconds > MAX_DURATION.total_seconds():  # timedelta itself would overflow
+            raise ConfigError(
+                f"invalid rate {text!r}: its period must be at most 100 years "
+                f"({MAX_DURATION.days}d)"
+            )
         return cls(int(count), _UNITS[unit] * float(number or 1))
 
     def __str__(self) -> str:

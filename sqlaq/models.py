@@ -22,7 +22,7 @@ from uuid import UUID
 
 from sqlalchemy.orm import DeclarativeBase, Mapped, validates
 
-from sqlaq.encoding import check_dedupe_key, check_int, check_name, encode_payload
+from sqlaq.encoding import check_dedupe_key, check_int, check_name, plain_payload
 from sqlaq.errors import InvalidJobError
 from sqlaq.schema import jobs, metadata
 
@@ -87,8 +87,8 @@ class Job(_Base):
 
     @validates("payload")
     def _validate_payload(self, key: str, value: dict[str, Any]) -> dict[str, Any]:
-        encode_payload(value)
-        return value
+        # The column's own JSON serializer runs at flush: hand it plain values.
+        return plain_payload(value)
 
     @validates("priority")
     def _validate_priority(self, key: str, value: int) -> int:

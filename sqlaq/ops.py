@@ -29,6 +29,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from sqlaq import queries
+from sqlaq.bounds import clamp_duration
 from sqlaq.encoding import NewJob, check_duration, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError
 from sqlaq.lease import Lease
@@ -49,6 +50,8 @@ DEFAULT_LEASE = timedelta(seconds=30)
 DEFAULT_PRUNE_BATCH = 1000
 #: ``last_error`` is cut to this many characters (a traceback summary, not a log).
 MAX_ERROR_LENGTH = 8000
+_INT4_MAX = 2_147_483_647
+_INT8_MAX = 9_223_372_036_854_775_807
 # A dedupe race (the pending twin finished between our INSERT and our SELECT) is retried
 # this many times before giving up; each round sees a fresh snapshot in READ COMMITTED.
 _DEDUPE_ROUNDS = 5
@@ -298,11 +301,12 @@ def claim(
             identity (a new clause object costs about a millisecond to build around).
 
     Raises:
-        ConfigError: *limit* is not a positive int, or *where* is not a clause over
-            ``sqlaq.jobs``.
-        InvalidJobError: *lease* is not a positive timedelta, or *queue* is not a name.
+        ConfigError: *limit* is not a positive int, *worker_id* not a UUID, or *where*
+            not a clause over ``sqlaq.jobs``.
+        InvalidJobError: *lease* is not a positive timedelta of at most 100 years, or
+            *queue* is not a name.
     """
-    _check_claim(queue, limit, lease)
+    _check_claim(worker_id, queue, limit, lease)
     kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
     params = queries.claim_params(
         queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=kinds
@@ -389,10 +393,10 @@ def claim_limited(
     Raises:
         ConfigError: *limit* or *concurrency* is not a positive int, or *rate* is not
             a rate.
-        InvalidJobError: *lease* is not a positive timedelta, or *queue* or *kind* is
-            not a name.
+        InvalidJobError: *lease* is not a positive timedelta of at most 100 years, or
+            *queue* or *kind* is not a name.
     """
-    _check_claim(queue, limit, lease)
+    _check_claim(worker_id, queue, limit, lease)
     check_name("kind", kind)
     if _autocommit(conn):
         raise ConfigError(
@@ -437,11 +441,14 @@ def _autocommit(conn: Executor) -> bool:
 
 
 def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    # Bound to PostgreSQL's integer: a larger one fails in the database, not here.
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _INT4_MAX:
+        raise ConfigError(f"{name} must be a positive int (up to {_INT4_MAX}), got {value!r}")
 
 
-def _check_claim(queue: str, limit: int, lease: timedelta) -> None:
+def _check_claim(worker_id: UUID, queue: str, limit: int, lease: timedelta) -> None:
+    if not isinstance(worker_id, UUID):
+        raise ConfigError(f"worker_id must be a uuid.UUID, got {type(worker_id).__name__}")
     _check_positive("limit", limit)
     check_duration("lease", lease, allow_zero=False)
     check_name("queue", queue)
@@ -523,7 +530,7 @@ def extend_lease(
 
     Raises:
         LeaseLostError: a lease was lost and *raise_on_lost* is true.
-        InvalidJobError: *lease* is not a positive timedelta.
+        InvalidJobError: *lease* is not a positive timedelta of at most 100 years.
     """
     check_duration("lease", lease, allow_zero=False)
     held = _as_leases(leases)
@@ -592,7 +599,7 @@ def fail(
 
     Raises:
         LeaseLostError: the lease was lost and *raise_on_lost* is true.
-        InvalidJobError: *retry_in* is negative or not a timedelta.
+        InvalidJobError: *retry_in* is not a timedelta from zero to 100 years.
     """
     if retry_in is not None:
         check_duration("retry_in", retry_in)
@@ -606,7 +613,11 @@ def fail(
 
 
 def _clean_error(error: object) -> str:
+    # What text cannot hold is spelt out instead: NUL, and lone surrogates (an error
+    # message quoting undecodable bytes).
     text = str(error).replace("\x00", "\\x00")
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode()
     if len(text) > MAX_ERROR_LENGTH:
         text = text[: MAX_ERROR_LENGTH - 20] + "\n... (truncated)"
     return text
@@ -617,6 +628,8 @@ def _ids(job_ids: int | Iterable[int]) -> list[int]:
     for value in ids:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"job ids must be ints, got {value!r}")
+        if not -_INT8_MAX - 1 <= value <= _INT8_MAX:
+            raise ConfigError(f"job ids are bigints; {value} is out of range")
     return ids
 
 
@@ -740,7 +753,7 @@ def prune(
 
     Raises:
         ConfigError: a status is not a finished one, or *limit* is not positive.
-        InvalidJobError: *older_than* is negative or not a timedelta.
+        InvalidJobError: *older_than* is not a timedelta from zero to 100 years.
     """
     check_duration("older_than", older_than)
     wanted = set()
@@ -834,6 +847,10 @@ def snooze(
 
     What a handler's ``raise sqlaq.Snooze(delay)`` becomes.
 
+    A *delay* longer than :data:`~sqlaq.bounds.MAX_DURATION` (100 years) is brought
+    down to it, never refused: a job may snooze "for ever" (``Snooze(timedelta.max)``)
+    and still be stored and read back.
+
     Returns:
         The ids of the jobs snoozed.
 
@@ -841,7 +858,9 @@ def snooze(
         LeaseLostError: a lease was lost and *raise_on_lost* is true.
         InvalidJobError: *delay* is negative or not a timedelta.
     """
-    check_duration("delay", delay)
+    if not isinstance(delay, timedelta) or delay < timedelta(0):
+        check_duration("delay", delay)  # raises, naming what was wrong
+    delay = clamp_duration(delay)
     return _fenced(conn, _SNOOZE, leases, raise_on_lost, {"b_delay": delay})
 
 
