@@ -57,6 +57,7 @@ class Leases:
         self.interval = min(lengths).total_seconds() / 3
         self.next = monotonic() + self.interval
         self._held: dict[UUID, Run] = {}
+        self._latest: dict[int, UUID] = {}  # job id -> token of its newest held run
         self._gone: dict[UUID, Outcome] = {}  # held runs whose lease is gone: LOST/CANCELLED
 
     def __len__(self) -> int:
@@ -73,22 +74,28 @@ class Leases:
     def hold(self, run: Run) -> None:
         """Hold *run* from its claim on. A run of the same job still held here is lost:
         the new claim replaced its lease (it expired while this worker stalled)."""
-        job_id = run.job.id
-        for other in self._held.values():
-            if other.job.id == job_id and other.token not in self._gone:
+        previous = self._latest.get(run.job.id)
+        if previous is not None and previous not in self._gone:
+            other = self._held.get(previous)
+            if other is not None:
                 self._mark(other, LOST, "lease expired and the job was claimed again here")
         self._held[run.token] = run
+        self._latest[run.job.id] = run.token
 
     def release(self, run: Run) -> None:
         """Forget *run*: its outcome was written, or its job handed back."""
         self._held.pop(run.token, None)
         self._gone.pop(run.token, None)
+        if self._latest.get(run.job.id) == run.token:
+            del self._latest[run.job.id]
 
     def handed_back(self, run: Run) -> None:
         """*run*'s job was handed back (a stopping worker): it is no longer held, and
         whatever its handler returns now is not written."""
         self._held.pop(run.token, None)
         self._gone[run.token] = LOST
+        if self._latest.get(run.job.id) == run.token:
+            del self._latest[run.job.id]
 
     def verdict(self, run: Run) -> Outcome | None:
         """LOST or CANCELLED if *run*'s lease is known gone, else None."""
@@ -103,10 +110,11 @@ class Leases:
     # -- learning that a lease is gone -------------------------------------------------
 
     def cancelled(self, job_id: int) -> None:
-        """``sqlaq.cancel`` reached job *job_id* (its NOTIFY): its held runs are cancelled."""
-        for run in self._held.values():
-            if run.job.id == job_id and run.token not in self._gone:
-                self._mark(run, CANCELLED, "job cancelled while running")
+        """``sqlaq.cancel`` reached job *job_id* (its NOTIFY): its held run is cancelled
+        (an older run of it here, if any, is already lost)."""
+        token = self._latest.get(job_id)
+        if token is not None and token not in self._gone:
+            self._mark(self._held[token], CANCELLED, "job cancelled while running")
 
     def _mark(self, run: Run, outcome: Outcome, reason: str) -> None:
         self._gone[run.token] = outcome
