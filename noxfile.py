@@ -40,5 +40,5 @@ def bench(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def types(session: nox.Session) -> None:
     """mypy --strict over the package."""
-    session.install("-e", ".[prometheus]", "mypy")
+    session.install("-e", ".[prometheus,embedded]", "mypy")
     session.run("mypy")

@@ -1,9 +1,14 @@
 """Fixtures: a database of the suite's own on a real PostgreSQL, migrated to heads.
 
 Where the server comes from, in order:
-1. ``SQLAQ_TEST_DATABASE_URL`` when set;
-2. else the local server, ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``;
-3. only if neither answers and a Docker engine does, a throwaway PostgreSQL started
+1. ``SQLAQ_TEST_DATABASE_URL`` when set (any URL: TCP or a Unix socket in ``?host=``,
+   with or without a password);
+2. else the local server, ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``
+   (skipped when ``SQLAQ_TEST_EMBEDDED=1``);
+3. else, with ``sqlaq[embedded]`` installed (the ``test`` extra brings it), an embedded
+   PostgreSQL 18 (:mod:`sqlaq.embedded`) in a temporary folder, stopped and deleted at
+   the end of the session;
+4. only if none of these and a Docker engine answers, a throwaway PostgreSQL started
    with testcontainers (not exercised on the project's CI machine, which has no Docker).
 
 The suite never touches the database it connects to first: it creates
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,13 +48,39 @@ def _answers(url: str) -> bool:
         engine.dispose()
 
 
+@contextlib.contextmanager
+def embedded_server(prefix: str = "sqlaq-test-pg-") -> Iterator[str]:
+    """An embedded PostgreSQL in a new temporary folder; yield its URL; stop it and
+    delete the folder, whatever happened."""
+    from sqlaq import embedded
+
+    folder = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield embedded.database_url(folder)
+    finally:
+        try:
+            embedded.stop(folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _server_url() -> Iterator[str]:
     given = os.environ.get("SQLAQ_TEST_DATABASE_URL")
     if given:
         yield given
         return
-    if _answers(LOCAL_URL):
+    force_embedded = os.environ.get("SQLAQ_TEST_EMBEDDED") == "1"
+    if not force_embedded and _answers(LOCAL_URL):
         yield LOCAL_URL
+        return
+    try:
+        import sqlaq.embedded  # noqa: F401 - is the extra installed?
+    except ImportError:
+        if force_embedded:
+            pytest.exit("SQLAQ_TEST_EMBEDDED=1 but sqlaq[embedded] is not installed", 3)
+    else:
+        with embedded_server() as url:
+            yield url
         return
     try:  # pragma: no cover - needs Docker, which the CI machine does not have
         from testcontainers.postgres import PostgresContainer
@@ -57,7 +90,7 @@ def _server_url() -> Iterator[str]:
     except Exception as exc:  # pragma: no cover
         pytest.exit(
             f"no PostgreSQL: {LOCAL_URL} does not answer, SQLAQ_TEST_DATABASE_URL is not set, "
-            f"and testcontainers could not start one ({exc})",
+            f"sqlaq[embedded] is not installed, and testcontainers could not start one ({exc})",
             returncode=3,
         )
 
