@@ -109,7 +109,11 @@ _OPTIONS = (COMMAND_OPTIONS[0], COMMAND_OPTIONS[1], *WORKER_OPTIONS, *COMMAND_OP
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``sqlaq-worker`` argument parser (every flag's default is None: unset)."""
+    """The ``sqlaq-worker`` argument parser.
+
+    A flag not given is absent from the namespace (``argparse.SUPPRESS``), so that a
+    flag given as ``forever`` (None) still beats its variable.
+    """
     parser = CommandParser(
         prog=PROG,
         description="Run sqlaq jobs: claim due jobs of the given queues and run their "
@@ -117,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "jobs back at once; a third: exit at once).",
         epilog="Durations: seconds (30, 2.5) or with a unit (500ms, 30s, 5m, 1h, 7d), "
         "at most 100 years.",
+        argument_default=argparse.SUPPRESS,
     )
     for option in _OPTIONS:
         help_text = option.help_text().replace("%", "%%")
@@ -164,8 +169,8 @@ def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Wor
         UsageError: a bad flag, variable or value; the message is one line and names
             the flag or variable.
     """
-    args = vars(build_parser().parse_args(argv))
-    values = {option.name: _resolve(option, args[option.name], environ) for option in _OPTIONS}
+    given = vars(build_parser().parse_args(argv))
+    values = {option.name: _resolve(option, given, environ) for option in _OPTIONS}
     if not values["app"]:
         raise UsageError(
             "missing APP: name the registry as module:attribute, e.g. myapp.jobs:registry"
@@ -184,9 +189,10 @@ def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Wor
     )
 
 
-def _resolve(option: Option, flag_value: Any, environ: Mapping[str, str]) -> Any:
+def _resolve(option: Option, given: Mapping[str, Any], environ: Mapping[str, str]) -> Any:
     """Flag > variable > default; a value from a flag was parsed by argparse already."""
-    if flag_value is not None:
+    if option.name in given:  # even None: "--retain-done forever"
+        flag_value = given[option.name]
         if option.repeatable:  # one tuple per repetition of the flag
             flat = tuple(name for names in flag_value for name in names)
             return _checked(option, flat, option.flag_name)

@@ -53,6 +53,12 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
+def _shown(text: object) -> str:
+    """*text*'s repr, cut to 80 characters: an error line stays a line."""
+    shown = repr(text)
+    return shown if len(shown) <= 80 else shown[:76] + "...'"
+
+
 def _named(label: str | None, message: str) -> str:
     """``"--lease: message"``; the bare message when there is no label."""
     return f"{label}: {message}" if label else message
@@ -61,22 +67,23 @@ def _named(label: str | None, message: str) -> str:
 def check_text(text: str, label: str | None = None) -> str:
     """Return *text* if PostgreSQL can store it as text, else raise.
 
-    A command line may carry bytes that are not UTF-8: Python hands them over as lone
-    surrogates (``'\\udcff'``), which no driver can encode, and PostgreSQL's text has no
-    NUL character.
+    A command line or variable may carry bytes that are not UTF-8: Python hands them
+    over as lone surrogates (``'\\udcff'``), which no driver can encode, and PostgreSQL's
+    text has no NUL character. (:func:`sqlaq.encoding.check_text` is the same rule for
+    the Python API, worded for a program's values rather than a command line's bytes.)
 
     Raises:
         ConfigError: *text* holds NUL or a lone surrogate; the message names *label*.
     """
     if "\x00" in text:
-        raise ConfigError(_named(label, f"{text!r} contains a NUL character; remove it"))
+        raise ConfigError(_named(label, f"{_shown(text)} contains a NUL character; remove it"))
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ConfigError(
             _named(
                 label,
-                f"{text!r} is not valid UTF-8 text (character {exc.start} is "
+                f"{_shown(text)} is not valid UTF-8 text (character {exc.start} is "
                 f"{text[exc.start]!r}: a byte that is not UTF-8, or a lone surrogate)",
             )
         ) from None
@@ -138,7 +145,7 @@ class Duration(Domain[timedelta | None]):
             raise ConfigError(
                 _named(
                     label,
-                    f"invalid duration {text!r}: use seconds (30, 2.5) or a unit "
+                    f"invalid duration {_shown(text)}: use seconds (30, 2.5) or a unit "
                     f"(500ms, 30s, 5m, 1h, 7d){also}",
                 )
             )
@@ -147,7 +154,7 @@ class Duration(Domain[timedelta | None]):
         if number * _UNIT_SECONDS[unit] > MAX_DURATION.total_seconds():
             raise ConfigError(
                 f"{label or 'a duration'} must be at most {_MAX_DURATION_SHOWN}, "
-                f"got {text.strip()!r}"
+                f"got {_shown(text.strip())}"
             )
         return self.check(timedelta(**{_UNITS[unit]: number}), label or "a duration")
 
@@ -158,7 +165,7 @@ class Duration(Domain[timedelta | None]):
         if not isinstance(value, timedelta):
             also = " (or None: for ever)" if self.forever else ""
             raise ConfigError(
-                f"{label} must be a datetime.timedelta{also}, got {value!r}; "
+                f"{label} must be a datetime.timedelta{also}, got {_shown(value)}; "
                 "use timedelta(seconds=...)"
             )
         if value < self.minimum:
@@ -190,21 +197,21 @@ class Integer(Domain[int]):
         """See :meth:`Domain.parse`."""
         match = _INTEGER_TEXT.fullmatch(text)
         if match is None:
-            raise ConfigError(_named(label, f"invalid integer {text!r}"))
+            raise ConfigError(_named(label, f"invalid integer {_shown(text)}"))
         sign, digits = match.groups()
         if len(digits.lstrip("0")) > len(str(max(abs(self.low), abs(self.high)))):
             # Out of range whatever the digits: skip int() of a 5,000-digit number
             # (which Python refuses beyond 4,300 digits).
             raise ConfigError(
                 f"{label or 'the value'} must be between {self.low} and {self.high}, "
-                f"got {text.strip()[:40]!r}"
+                f"got {_shown(text.strip())}"
             )
         return self.check(int(sign + digits), label or "the value")
 
     def check(self, value: object, label: str) -> int:
         """See :meth:`Domain.check`."""
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{label} must be an int, got {value!r}")
+            raise ConfigError(f"{label} must be an int, got {_shown(value)}")
         if not self.low <= value <= self.high:
             raise ConfigError(f"{label} must be between {self.low} and {self.high}, got {value}")
         return value
@@ -221,12 +228,12 @@ class Boolean(Domain[bool]):
             return True
         if value in _FALSE:
             return False
-        raise ConfigError(_named(label, f"invalid boolean {text!r}: use true or false"))
+        raise ConfigError(_named(label, f"invalid boolean {_shown(text)}: use true or false"))
 
     def check(self, value: object, label: str) -> bool:
         """See :meth:`Domain.check`."""
         if not isinstance(value, bool):
-            raise ConfigError(f"{label} must be a bool, got {value!r}")
+            raise ConfigError(f"{label} must be a bool, got {_shown(value)}")
         return value
 
 
@@ -258,14 +265,13 @@ class Names(Domain[tuple[str, ...]]):
         elif isinstance(value, Iterable):
             names = tuple(value)
         else:
-            raise ConfigError(f"{label} must be a {self.what} name or names, got {value!r}")
+            raise ConfigError(f"{label} must be a {self.what} name or names, got {_shown(value)}")
         checked: list[str] = []
         for name in names:
             try:
-                checked_name = check_name(self.what, name)
+                checked_name = check_name(self.what, name)  # NUL, lone surrogates too
             except InvalidJobError as exc:
                 raise ConfigError(_named(label, str(exc))) from exc
-            check_text(checked_name, label)
             if checked_name not in checked:
                 checked.append(checked_name)
         if not checked:
@@ -297,7 +303,7 @@ class Choice(Domain[str]):
         if value not in self.choices:
             given = value if shown is None else shown
             raise ConfigError(
-                f"{label}: invalid choice {given!r}: use one of {', '.join(self.choices)}"
+                f"{label}: invalid choice {_shown(given)}: use one of {', '.join(self.choices)}"
             )
         return str(value)
 
@@ -318,7 +324,7 @@ class Text(Domain[str]):
     def check(self, value: object, label: str) -> str:
         """See :meth:`Domain.check`."""
         if not isinstance(value, str):
-            raise ConfigError(f"{label} must be a str, got {value!r}")
+            raise ConfigError(f"{label} must be a str, got {_shown(value)}")
         return check_text(value, label)
 
     def show(self, value: str) -> str:
