@@ -64,6 +64,10 @@ class Job(_Base):
     dedupe_key: Mapped[str | None]
     created_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
+    attempted_at: Mapped[datetime | None]
+    #: The handler's return value (decoded JSON), or None; see :func:`sqlaq.result`.
+    result: Mapped[Any]
+    awaited: Mapped[bool]
 
     def __init__(self, **kwargs: Any) -> None:
         if "kind" not in kwargs:

@@ -17,6 +17,10 @@ Design decisions written down here:
   pruning a table of millions of finished rows never scans the table.
 * The running index (``kind, run_at`` over running rows: a handful, whatever the
   backlog) lets a claim of a concurrency-limited kind count its live leases cheaply.
+* Results and waiting (sqlaq_0003): a row trigger on ``UPDATE OF status`` notifies
+  ``sqlaq_finished`` with the job's id when a job finishes, but only for jobs a waiter
+  flagged (``awaited``); its ``WHEN`` clause keeps every other update free of a
+  function call.
 * Status literals in predicates are inlined, never bound: a prepared ``ON CONFLICT ...
   WHERE status IN ($1, $2)`` stops matching the partial index once PostgreSQL switches
   to a generic plan.
@@ -28,6 +32,7 @@ import enum
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Identity,
@@ -60,6 +65,11 @@ KIND_LOCK_CLASS = 0x73716C6B  # "sqlk"
 LEADER_LOCK = (0x73716C6D, 0)  # "sqlm"
 NOTIFY_FUNCTION = "sqlaq_jobs_notify"
 NOTIFY_TRIGGER = "sqlaq_jobs_notify_trg"
+#: The NOTIFY channel of finished jobs that someone waits for (``awaited``), with
+#: the job's id as payload (see :func:`sqlaq.wait`).
+FINISH_CHANNEL = "sqlaq_finished"
+FINISH_FUNCTION = "sqlaq_jobs_notify_finish"
+FINISH_TRIGGER = "sqlaq_jobs_finish_trg"
 #: A SQL function that returns the schema's sqlaq revision (each revision replaces it).
 REVISION_FUNCTION = "sqlaq_jobs_schema_revision"
 #: Version table of the standalone path (``sqlaq migrate``), for databases with no
@@ -137,6 +147,10 @@ jobs = Table(
     Column("finished_at", TIMESTAMP(timezone=True)),
     # When the current (or last) attempt started: the claim's now().
     Column("attempted_at", TIMESTAMP(timezone=True)),
+    # The handler's return value (JSON), written by the completion that marks it done.
+    Column("result", JSONB),
+    # Someone waits for this job (sqlaq.wait): the finish trigger notifies only then.
+    Column("awaited", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint(
         "status IN ('queued', 'running', 'done', 'failed', 'cancelled')", name="status"
     ),

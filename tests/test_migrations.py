@@ -45,7 +45,12 @@ from sqlalchemy.pool import NullPool
 
 import sqlaq
 import sqlaq.migrations
-from sqlaq.schema import STORAGE_PARAMETERS
+from sqlaq.schema import (
+    FINISH_FUNCTION,
+    FINISH_TRIGGER,
+    NOTIFY_TRIGGER,
+    STORAGE_PARAMETERS,
+)
 
 HEAD = sqlaq.migrations.head_revision()
 #: The revision that creates sqlaq_jobs: what a host revision with a foreign key to it
@@ -72,8 +77,10 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_constraint", "sqlaq_jobs_status_check"),
         ("pg_constraint", "sqlaq_jobs_max_attempts_check"),
         ("pg_proc", "sqlaq_jobs_notify"),
+        ("pg_proc", "sqlaq_jobs_notify_finish"),
         ("pg_proc", "sqlaq_jobs_schema_revision"),
         ("pg_trigger", "sqlaq_jobs_notify_trg"),
+        ("pg_trigger", "sqlaq_jobs_finish_trg"),
         ("pg_type", "sqlaq_jobs"),
         ("pg_type", "_sqlaq_jobs"),
         ("pg_type", "sqlaq_rates"),
@@ -310,18 +317,35 @@ def test_indexes_hold_pending_or_finished_rows_only(migrated: Engine) -> None:
     assert indexdefs == EXPECTED_INDEXES
 
 
-def test_notify_trigger_runs_after_insert_once_per_statement(migrated: Engine) -> None:
-    with migrated.connect() as conn:
-        trigger = conn.execute(
+def _trigger(engine: Engine, name: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
             text(
                 """
                 SELECT t.tgname, t.tgtype, t.tgenabled, p.proname,
                        pg_get_triggerdef(t.oid) AS definition
                 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
                 WHERE t.tgrelid = 'sqlaq_jobs'::regclass AND NOT t.tgisinternal
+                  AND t.tgname = :name
                 """
-            )
+            ),
+            {"name": name},
         ).one()
+
+
+def test_sqlaq_jobs_has_exactly_the_two_triggers_of_the_revisions(migrated: Engine) -> None:
+    with migrated.connect() as conn:
+        names = conn.execute(
+            text(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = 'sqlaq_jobs'::regclass "
+                "AND NOT tgisinternal ORDER BY tgname"
+            )
+        ).scalars()
+        assert list(names) == [FINISH_TRIGGER, NOTIFY_TRIGGER]
+
+
+def test_notify_trigger_runs_after_insert_once_per_statement(migrated: Engine) -> None:
+    trigger = _trigger(migrated, NOTIFY_TRIGGER)
     assert trigger.tgname == "sqlaq_jobs_notify_trg"
     # tgtype bits (catalog/pg_trigger.h): ROW 1, BEFORE 2, INSERT 4, DELETE 8, UPDATE 16,
     # TRUNCATE 32, INSTEAD 64. INSERT alone: AFTER INSERT, FOR EACH STATEMENT.
@@ -330,6 +354,22 @@ def test_notify_trigger_runs_after_insert_once_per_statement(migrated: Engine) -
     assert trigger.proname == "sqlaq_jobs_notify"
     assert "AFTER INSERT ON public.sqlaq_jobs" in trigger.definition
     assert "FOR EACH STATEMENT" in trigger.definition
+
+
+def test_finish_trigger_runs_per_row_only_for_flagged_jobs_that_finish(migrated: Engine) -> None:
+    """AFTER UPDATE OF status, FOR EACH ROW, with a WHEN clause: the function is called
+    only for a flagged job entering a finished status (the catalog's own rendering)."""
+    trigger = _trigger(migrated, FINISH_TRIGGER)
+    # ROW 1 + UPDATE 16 (AFTER is the absence of BEFORE 2 and INSTEAD 64).
+    assert trigger.tgtype == 17
+    assert trigger.tgenabled == "O"
+    assert trigger.proname == FINISH_FUNCTION
+    assert trigger.definition == (
+        "CREATE TRIGGER sqlaq_jobs_finish_trg AFTER UPDATE OF status ON public.sqlaq_jobs "
+        "FOR EACH ROW WHEN ((new.awaited AND "
+        "(new.status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))) "
+        "EXECUTE FUNCTION sqlaq_jobs_notify_finish()"
+    )
 
 
 # -- the trigger notifies ---------------------------------------------------------------
@@ -440,6 +480,54 @@ def test_standalone_downgrade_removes_every_object(fresh_url: str) -> None:
         assert _versions(conn, "sqlaq_alembic_version") == []
 
 
+#: What sqlaq_0003 adds to sqlaq_0002's objects.
+RESULT_OBJECTS = frozenset(
+    {("pg_proc", "sqlaq_jobs_notify_finish"), ("pg_trigger", "sqlaq_jobs_finish_trg")}
+)
+
+
+def _columns(conn: Connection) -> list[str]:
+    return list(
+        conn.execute(
+            text(
+                "SELECT attname FROM pg_attribute WHERE attrelid = 'sqlaq_jobs'::regclass "
+                "AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+            )
+        ).scalars()
+    )
+
+
+def test_results_revision_rewrites_nothing_and_walks_back_to_0002(fresh_url: str) -> None:
+    """sqlaq_0003 on a table with rows keeps its file (no rewrite: the same relfilenode),
+    the rows read NULL and false, and a downgrade to sqlaq_0002 removes exactly what it
+    added."""
+    relfilenode = text("SELECT relfilenode FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
+    with _connect(fresh_url) as conn:
+        sqlaq.migrations.upgrade(conn, "sqlaq_0002")
+        conn.execute(text("INSERT INTO sqlaq_jobs (kind) SELECT 'k' FROM generate_series(1, 100)"))
+        conn.commit()
+        before = _objects(conn)
+        columns_before = _columns(conn)
+        file_before = conn.execute(relfilenode).scalar_one()
+        conn.commit()
+
+        sqlaq.migrations.upgrade(conn)
+        assert sqlaq.migrations.check(conn) == "sqlaq_0003"
+        assert conn.execute(relfilenode).scalar_one() == file_before
+        assert _objects(conn) == before | RESULT_OBJECTS == SQLAQ_OBJECTS
+        assert _columns(conn) == [*columns_before, "result", "awaited"]
+        rows = conn.execute(text("SELECT DISTINCT result, awaited FROM sqlaq_jobs")).all()
+        assert [tuple(row) for row in rows] == [(None, False)]
+        conn.commit()
+
+        sqlaq.migrations.downgrade(conn, "sqlaq_0002")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0002"
+        assert _objects(conn) == before
+        assert _columns(conn) == columns_before
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
+        conn.commit()
+
+
 def test_standalone_upgrade_in_a_callers_transaction_commits_with_it(fresh_url: str) -> None:
     """On a connection already in a transaction (autobegun by any earlier statement,
     ``check`` included), Alembic runs the DDL inside it and commits nothing: the caller
@@ -511,6 +599,7 @@ def test_upgrade_sql_returns_the_ddl_without_a_database(
     assert "CREATE TABLE sqlaq_jobs" in sql
     assert "CREATE TRIGGER sqlaq_jobs_notify_trg" in sql
     assert "CREATE TABLE sqlaq_periodic" in sql
+    assert "CREATE TRIGGER sqlaq_jobs_finish_trg" in sql
     assert "INSERT INTO sqlaq_alembic_version (version_num) VALUES ('sqlaq_0001')" in sql
     assert f"SET version_num='{HEAD}'" in sql
 
