@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import fields
 from datetime import timedelta
 
 import pytest
@@ -17,8 +18,10 @@ from sqlalchemy import Engine
 from workerkit import TESTS_DIR, count_status, ledger_table, rows, worker_env
 
 import sqlaq
-from sqlaq.cli import UsageError, parse_duration, parse_options
+from sqlaq.cli import COMMAND_OPTIONS, UsageError, parse_duration, parse_options
+from sqlaq.config import WORKER_OPTIONS, WorkerConfig
 
+README = TESTS_DIR.parent / "README.md"
 # Each test that starts processes or threads sets its own, tighter bound.
 pytestmark = pytest.mark.timeout(60)
 
@@ -154,20 +157,26 @@ def test_burst_with_a_flaky_handler_retries_with_backoff(ledger: Engine, databas
 def test_help_names_the_variable_of_every_flag() -> None:
     result = run_cli("--help")
     assert result.returncode == 0
-    for variable in (
-        "SQLAQ_APP",
-        "SQLAQ_DATABASE_URL",
-        "SQLAQ_QUEUES",
-        "SQLAQ_CONCURRENCY",
-        "SQLAQ_LEASE",
-        "SQLAQ_POLL_INTERVAL",
-        "SQLAQ_GRACE_PERIOD",
-        "SQLAQ_BURST",
-        "SQLAQ_LISTEN",
-        "SQLAQ_LOG_LEVEL",
-        "SQLAQ_LOG_FORMAT",
-    ):
-        assert f"(env: {variable};" in " ".join(result.stdout.split())
+    shown = " ".join(result.stdout.split())
+    for option in (*COMMAND_OPTIONS, *WORKER_OPTIONS):
+        assert f"(env: {option.env};" in shown
+        assert option.positional or f"{option.flag_name} " in shown
+
+
+def test_every_worker_option_is_declared_once_on_its_field() -> None:
+    """WorkerConfig's fields are the worker's options: same names, same defaults."""
+    assert [o.name for o in WORKER_OPTIONS] == [f.name for f in fields(WorkerConfig)]
+    defaults = WorkerConfig()
+    for option in WORKER_OPTIONS:
+        assert option.default == getattr(defaults, option.name)
+        assert option.env == "SQLAQ_" + option.name.upper()
+
+
+def test_readme_lists_every_flag_and_variable() -> None:
+    table = [line for line in README.read_text().splitlines() if line.startswith("| `")]
+    for option in (*COMMAND_OPTIONS, *WORKER_OPTIONS):
+        flag = option.name.upper() if option.positional else option.flag_name
+        assert any(f"`{flag}`" in row and f"`{option.env}`" in row for row in table), flag
 
 
 def test_flag_beats_variable_beats_default() -> None:
