@@ -11,9 +11,10 @@ Signals: the worker runs in its own thread; the main thread only reads a pipe. A
 writes its number to that pipe (``signal.set_wakeup_fd``: the interpreter's C-level
 handler does, in whichever thread the signal lands) and nothing else runs in the
 handler (it may interrupt any code, so it must not take a lock); the worker thread
-writes a zero when it ends. The main thread acts on what it reads: the first SIGTERM/SIGINT asks
-for a graceful stop, the second hands running jobs back at once (exit 1), and the third
-exits the process at once (exit 1), however wedged the worker is.
+writes a zero when it ends. The main thread acts on what it reads: the first
+SIGTERM/SIGINT asks for a graceful stop, the second hands running jobs back at once
+(exit 1), and the third exits the process at once (exit 1), however wedged the worker
+is.
 
 The shared helpers live in :mod:`sqlaq.commandline` (and :mod:`sqlaq.option`); the names
 of earlier releases (``UsageError``, ``parse_duration``, ``database_engine``...) are
