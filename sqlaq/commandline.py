@@ -171,8 +171,7 @@ def _parse_url(url: str) -> URL:
         parsed = None
     if parsed is None or not 0 <= (parsed.port or 0) <= _MAX_PORT:
         raise UsageError(
-            f"invalid database URL {redact(url)!r}: the port must be a number from 0 to "
-            f"{_MAX_PORT}"
+            f"invalid database URL {redact(url)!r}: the port must be a number from 0 to {_MAX_PORT}"
         ) from None
     return parsed
 
