@@ -48,7 +48,7 @@ from decimal import Decimal
 from typing import Any
 
 from sqlaq.bounds import MAX_DURATION
-from sqlaq.errors import InvalidJobError
+from sqlaq.errors import InvalidJobError, shown
 from sqlaq.schema import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
@@ -67,6 +67,7 @@ __all__ = [
     "check_payload",
     "check_text",
     "encode_payload",
+    "encode_value",
     "plain_payload",
 ]
 
@@ -114,7 +115,7 @@ def check_name(field_name: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidJobError(f"{field_name} must be a str, got {type(value).__name__}")
     if not value.strip():
-        raise InvalidJobError(f"{field_name} must be a non-empty name, got {value!r}")
+        raise InvalidJobError(f"{field_name} must be a non-empty name, got {shown(value)}")
     if len(value) > MAX_NAME_LENGTH:
         raise InvalidJobError(
             f"{field_name} is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}"
@@ -127,7 +128,7 @@ def check_int(field_name: str, value: object, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidJobError(f"{field_name} must be an int, got {type(value).__name__}")
     if not low <= value <= high:
-        raise InvalidJobError(f"{field_name} must be between {low} and {high}, got {value}")
+        raise InvalidJobError(f"{field_name} must be between {low} and {high}, got {shown(value)}")
     return value
 
 
@@ -184,6 +185,32 @@ def encode_payload(payload: object) -> str:
     return text
 
 
+def encode_value(value: object, path: str = "result") -> str:
+    """Validate *value*, any JSON value (an object, array, string, number, bool or
+    None), with the payload's rules, and return it as compact JSON text.
+
+    Messages name the bad element from *path*: ``result['rows'][3] is a set``.
+
+    Raises:
+        InvalidJobError: *value* is not a JSON value PostgreSQL can store and Python
+            read back (see the module's decisions).
+    """
+    root: _Link = (None, path, value, 1)
+    if isinstance(value, Mapping | list | tuple):
+        found = _walk(value, _int_bound(), root)
+    else:
+        found = _check_scalar(value, root, None, _int_bound())
+    try:
+        text = _ENCODER.encode(value)
+    except RecursionError:
+        raise InvalidJobError(
+            f"{path} nests too deep to encode from this call stack; flatten it"
+        ) from None
+    if found & _BIG_FLOAT:
+        text = _TOKEN.sub(_fixed_point, text)
+    return text
+
+
 def plain_payload(payload: object) -> dict[str, Any]:
     """*payload*, validated, as a ``dict`` of plain JSON values (itself if it is one).
 
@@ -225,19 +252,19 @@ _ENCODER = json.JSONEncoder(
 _OTHER_MAPPING = 1  # a Mapping that is not a dict: the encoder's hook copies it
 _BIG_FLOAT = 2  # a float of 1e16 or more, which repr spells with an exponent
 _BIG = 1e16
-# A JSON string (skipped) or a number with a positive exponent (Python's repr of a big
-# float: 1e+16, -1.5e+308).
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?e\+\d+)')
+# Every JSON string and number token, each matched whole from its first character (so a
+# long run of digits is read once, never retried from each of its digits).
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?')
 
 
 def _fixed_point(match: re.Match[str]) -> str:
     """A big float's exponent form spelt out with a fraction: ``1e+16`` ->
     ``10000000000000000.0``. jsonb keeps the number as that decimal, fraction included,
     so it reads back as the same float, not as an int."""
-    number = match.group(1)
-    if number is None:
-        return match.group(0)
-    return format(Decimal(number), "f") + ".0"
+    token = match.group(0)
+    if "e+" not in token or token[0] == '"':  # a string, or a number kept as it is
+        return token
+    return format(Decimal(token), "f") + ".0"
 
 
 # Where a container sits in the payload: (parent link, key, the container, its level).
@@ -254,7 +281,8 @@ def _spell(link: _Link | None, key: Any = None, limit: int = 12) -> str:
     shown = "".join(f"[{k!r}]" for k in keys[:limit])
     if len(keys) > limit:
         shown += f"...({len(keys)} levels)"
-    return "payload" + shown
+    # The root link's key is the root's name (encode_value), else it is the payload.
+    return (link[1] if link is not None and link[1] is not None else "payload") + shown
 
 
 def _int_bound() -> int:
@@ -272,12 +300,12 @@ def _digits(bound: int) -> int:
     return next(d for d, b in _INT_BOUNDS.items() if b == bound)
 
 
-def _walk(payload: Mapping[Any, Any], int_bound: int) -> int:
+def _walk(payload: Any, int_bound: int, root: _Link | None = None) -> int:
     # One walk, without recursion, names the exact bad element; json.dumps alone would
     # say "Object of type set is not JSON serializable" with no path, or raise
     # RecursionError.
     found = 0
-    stack: list[_Link] = [(None, None, payload, 1)]
+    stack: list[_Link] = [root or (None, None, payload, 1)]
     while stack:
         link = stack.pop()
         container, level = link[2], link[3]
@@ -305,7 +333,7 @@ def _walk(payload: Mapping[Any, Any], int_bound: int) -> int:
 def _check_key(link: _Link, key: Any) -> None:
     if not isinstance(key, str):
         raise InvalidJobError(
-            f"{_spell(link)} has a key {key!r} of type {type(key).__name__}; "
+            f"{_spell(link)} has a key {shown(key)} of type {type(key).__name__}; "
             "JSON object keys must be str"
         )
     if "\x00" in key or not key.isascii():

@@ -20,6 +20,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import timedelta
 
+#: Bad values longer than this are cut in messages.
+_SHOWN_LENGTH = 80
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message: cut to 80 characters, and safe for what
+    ``repr`` itself refuses (an int of more than 4,300 digits) or fails on."""
+    if isinstance(value, int) and value.bit_length() > 1000:
+        return f"<an int of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<a {type(value).__name__}>"
+    return text if len(text) <= _SHOWN_LENGTH else text[: _SHOWN_LENGTH - 3] + "..."
+
 
 class SqlaqError(Exception):
     """Base class of every error sqlaq raises on purpose."""
@@ -85,6 +100,8 @@ class Snooze(SqlaqError):
 
     def __init__(self, delay: timedelta) -> None:
         if not isinstance(delay, timedelta) or delay < timedelta(0):
-            raise InvalidJobError(f"Snooze needs a non-negative datetime.timedelta, got {delay!r}")
+            raise InvalidJobError(
+                f"Snooze needs a non-negative datetime.timedelta, got {shown(delay)}"
+            )
         self.delay = delay
         super().__init__(f"snoozed for {delay}")

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlaq.bounds import MAX_DURATION
-from sqlaq.errors import ConfigError
+from sqlaq.errors import ConfigError, shown
 
 __all__ = ["MAX_RATE_COUNT", "Allowance", "Rate", "allowance"]
 
@@ -76,12 +76,12 @@ class Rate:
     def __post_init__(self) -> None:
         count = self.count
         if isinstance(count, bool) or not isinstance(count, int):
-            raise ConfigError(f"a rate's count must be an int, got {count!r}")
+            raise ConfigError(f"a rate's count must be an int, got {shown(count)}")
         if not 1 <= count <= MAX_RATE_COUNT:
-            raise ConfigError(f"a rate's count must be 1 to {MAX_RATE_COUNT}, got {count}")
+            raise ConfigError(f"a rate's count must be 1 to {MAX_RATE_COUNT}, got {shown(count)}")
         if not isinstance(self.period, timedelta) or self.period < _UNITS["ms"]:
             raise ConfigError(
-                f"a rate's period must be a timedelta of 1ms or more, got {self.period!r}"
+                f"a rate's period must be a timedelta of 1ms or more, got {shown(self.period)}"
             )
         if self.period > MAX_DURATION:
             raise ConfigError(
@@ -100,16 +100,16 @@ class Rate:
         match = _RATE.fullmatch(text) if isinstance(text, str) else None
         if match is None:
             raise ConfigError(
-                f"invalid rate {text!r}: use COUNT/UNIT or COUNT/NUMBERUNIT with a unit of "
+                f"invalid rate {shown(text)}: use COUNT/UNIT or COUNT/NUMBERUNIT with a unit of "
                 "ms, s, m, h or d, e.g. '5/s', '100/m', '10/30s'"
             )
         count, number, unit = match.groups()
         if len(count) > len(str(MAX_RATE_COUNT)):  # int() of thousands of digits raises
-            raise ConfigError(f"a rate's count must be 1 to {MAX_RATE_COUNT}, got {count[:20]}...")
+            raise ConfigError(f"a rate's count must be 1 to {MAX_RATE_COUNT}, got {shown(count)}")
         seconds = _UNITS[unit].total_seconds() * float(number or 1)
         if seconds > MAX_DURATION.total_seconds():  # timedelta itself would overflow
             raise ConfigError(
-                f"invalid rate {text!r}: its period must be at most 100 years "
+                f"invalid rate {shown(text)}: its period must be at most 100 years "
                 f"({MAX_DURATION.days}d)"
             )
         return cls(int(count), _UNITS[unit] * float(number or 1))

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from sqlaq import queries
 from sqlaq.bounds import clamp_duration
 from sqlaq.encoding import NewJob, check_duration, check_name
-from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError
+from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
 from sqlaq.schema import (
@@ -443,7 +443,7 @@ def _autocommit(conn: Executor) -> bool:
 def _check_positive(name: str, value: object) -> None:
     # Bound to PostgreSQL's integer: a larger one fails in the database, not here.
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _INT4_MAX:
-        raise ConfigError(f"{name} must be a positive int (up to {_INT4_MAX}), got {value!r}")
+        raise ConfigError(f"{name} must be a positive int (up to {_INT4_MAX}), got {shown(value)}")
 
 
 def _check_claim(worker_id: UUID, queue: str, limit: int, lease: timedelta) -> None:
@@ -456,7 +456,7 @@ def _check_claim(worker_id: UUID, queue: str, limit: int, lease: timedelta) -> N
 
 def _check_kinds(kinds: Collection[str]) -> list[str]:
     if isinstance(kinds, str):
-        raise InvalidJobError(f"kinds must be a collection of names, not a str: {kinds!r}")
+        raise InvalidJobError(f"kinds must be a collection of names, not a str: {shown(kinds)}")
     for kind in kinds:
         check_name("kind", kind)
     return sorted(kinds)
@@ -627,9 +627,9 @@ def _ids(job_ids: int | Iterable[int]) -> list[int]:
     ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
     for value in ids:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"job ids must be ints, got {value!r}")
+            raise ConfigError(f"job ids must be ints, got {shown(value)}")
         if not -_INT8_MAX - 1 <= value <= _INT8_MAX:
-            raise ConfigError(f"job ids are bigints; {value} is out of range")
+            raise ConfigError(f"job ids are bigints; {shown(value)} is out of range")
     return ids
 
 
@@ -764,7 +764,7 @@ def prune(
             value = None
         if value not in FINISHED_STATUSES:
             raise ConfigError(
-                f"prune deletes finished jobs only; status {status!r} is not one of "
+                f"prune deletes finished jobs only; status {shown(status)} is not one of "
                 "'done', 'failed', 'cancelled'"
             )
         wanted.add(value)
