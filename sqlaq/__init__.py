@@ -45,6 +45,7 @@ from sqlaq.ops import (
 )
 from sqlaq.periodic import Periodic, enqueue_periodic
 from sqlaq.registry import Handler, Registry
+from sqlaq.results import JobNotFoundError, JobOutcome, WaitTimeoutError, result, wait
 from sqlaq.schema import JobStatus, jobs, metadata
 from sqlaq.worker import JobResult, Worker
 
@@ -58,6 +59,8 @@ __all__ = [
     "InvalidJobError",
     "Job",
     "JobContext",
+    "JobNotFoundError",
+    "JobOutcome",
     "JobResult",
     "JobStatus",
     "Lease",
@@ -72,6 +75,7 @@ __all__ = [
     "SchemaOutOfDateError",
     "Snooze",
     "SqlaqError",
+    "WaitTimeoutError",
     "Worker",
     "WorkerConfig",
     "cancel",
@@ -91,7 +95,9 @@ __all__ = [
     "migrations",
     "prune",
     "queries",
+    "result",
     "retry",
     "snooze",
     "sweep",
+    "wait",
 ]

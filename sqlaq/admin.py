@@ -326,7 +326,8 @@ def _show(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
         return 0
     width = max(len(k) for k in data)
     for key, value in data.items():
-        shown = json.dumps(value) if key == "payload" else value
+        # JSON columns as JSON: a result may be a string, which must read as one.
+        shown = json.dumps(value) if key in ("payload", "result") else value
         text = "\n".join(f"{'':{width + 2}}{line}" for line in str(shown).splitlines()[1:])
         first = str(shown).splitlines()[0] if str(shown) else ""
         print(f"{key:<{width}}  {first}" + (f"\n{text}" if text else ""), file=out)
@@ -532,7 +533,7 @@ def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
         key: value.isoformat()
         if isinstance(value, datetime)
         else str(value)
-        if value is not None and not isinstance(value, int | str | dict | list)
+        if value is not None and not isinstance(value, int | float | str | dict | list)
         else value
         for key, value in row.items()
     }

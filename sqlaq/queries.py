@@ -93,6 +93,8 @@ __all__ = [
     "claim_params",
     "claim_stmt",
     "clock_stmt",
+    "complete_result_params",
+    "complete_result_stmt",
     "complete_stmt",
     "count_jobs_stmt",
     "count_prunable_stmt",
@@ -113,6 +115,7 @@ __all__ = [
     "get_job_stmt",
     "handback_stmt",
     "has_schema_revision_stmt",
+    "job_outcome_stmt",
     "kind_limit_state_params",
     "kind_limit_state_stmt",
     "listen_stmt",
@@ -132,6 +135,7 @@ __all__ = [
     "stats_health_stmt",
     "sweep_stmt",
     "try_lead_stmt",
+    "watch_job_stmt",
 ]
 
 c = jobs.c
@@ -662,6 +666,33 @@ def complete_stmt(*, leases: Collection[Lease]) -> Update:
     )
 
 
+def complete_result_params(*, lease: Lease, result_json: str) -> dict[str, Any]:
+    """The bind values of :func:`complete_result_stmt`."""
+    return fence_params([lease]) | {"b_result": result_json}
+
+
+def complete_result_stmt(*, lease: Lease, result_json: str) -> Update:
+    """Mark the job held by *lease* done and store *result_json* (JSON text) with it.
+
+    Renders ``UPDATE sqlaq_jobs SET status = 'done', finished_at = now(), lease_token =
+    NULL, result = CAST(:b_result AS JSONB) WHERE <fence> RETURNING id``: what
+    :func:`complete_stmt` does for one lease, plus the handler's return value. No row
+    when the lease was lost, so a stale holder stores no result either.
+    """
+    v = complete_result_params(lease=lease, result_json=result_json)
+    return (
+        update(jobs)
+        .where(_fence([lease]))
+        .values(
+            status=_status(JobStatus.DONE),
+            finished_at=_NOW,
+            lease_token=null(),
+            result=cast(bindparam("b_result", v["b_result"], Text), JSONB),
+        )
+        .returning(c.id)
+    )
+
+
 def fail_params(*, lease: Lease, error: str, retry_in: timedelta | None) -> dict[str, Any]:
     """The bind values of :func:`fail_stmt`."""
     return fence_params([lease]) | {
@@ -1073,6 +1104,36 @@ def stats_health_stmt() -> Select[Any]:
 def get_job_stmt(*, job_id: int) -> Select[Any]:
     """Select one job, every column, by id."""
     return select(jobs).where(c.id == bindparam("b_id", job_id, BigInteger))
+
+
+#: Columns :func:`job_outcome_stmt` and :func:`watch_job_stmt` return, in this order.
+OUTCOME_COLUMNS = (c.id, c.status, c.result, c.last_error, c.finished_at)
+
+
+def job_outcome_stmt(*, job_id: int) -> Select[Any]:
+    """Select ``id, status, result, last_error, finished_at`` of one job by id (no row:
+    no such job)."""
+    return select(*OUTCOME_COLUMNS).where(c.id == bindparam("b_id", job_id, BigInteger))
+
+
+def watch_job_stmt(*, job_id: int) -> Update:
+    """Mark a pending job awaited, so that its finish is notified on ``sqlaq_finished``.
+
+    Renders ``UPDATE sqlaq_jobs SET awaited = true WHERE id = :b_id AND status IN
+    ('queued', 'running') AND NOT awaited RETURNING id, status, result, last_error,
+    finished_at``. Writes nothing for a job already finished (or already awaited): no
+    row comes back, and the caller reads the job with :func:`job_outcome_stmt`, in a
+    statement of its own so that it sees what committed meanwhile. A completion that
+    commits while this runs holds the row's lock: the UPDATE waits for it, then
+    re-checks the finished row and leaves it alone. Commit at once: the flag, while
+    uncommitted, locks the row against the completion it waits for.
+    """
+    return (
+        update(jobs)
+        .where(c.id == bindparam("b_id", job_id, BigInteger), _PENDING, ~c.awaited)
+        .values(awaited=literal_column("true", Boolean))
+        .returning(*OUTCOME_COLUMNS)
+    )
 
 
 def count_jobs_stmt(

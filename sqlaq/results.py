@@ -1,0 +1,412 @@
+"""Job results: a handler's return value stored with its job, read back, and waited for.
+
+This module owns the ``result`` and ``awaited`` columns' operations (revision
+``sqlaq_0003``):
+
+* :func:`encode_result` turns a handler's return value into JSON text, or refuses it
+  with a message naming what is wrong (the worker fails the job with that message);
+* :func:`complete_with_result` is the fenced completion that also stores it;
+* :func:`result` reads a job's outcome on the caller's connection;
+* :func:`wait` blocks until a job finishes, woken by a notification rather than by
+  polling: it LISTENs on ``sqlaq_finished`` on a connection of its own, marks the job
+  ``awaited`` (only awaited jobs notify: the finish trigger's ``WHEN`` clause keeps
+  every other job's completion free of it), reads the job once (it may have finished
+  already), then waits for its id to arrive, reading again every ``poll_interval`` in
+  case a notification was lost with the listening connection.
+
+Like :mod:`sqlaq.ops`, :func:`complete_with_result` and :func:`result` run on the
+caller's Connection or Session and never commit. :func:`wait` is the exception by
+nature: it must see other transactions' commits and make its own flag visible, so it
+works on connections of its own, taken from the engine of what it is given, and
+leaves the caller's transaction alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session
+
+from sqlaq import queries
+from sqlaq.bounds import MAX_DURATION
+from sqlaq.encoding import check_duration, encode_value
+from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
+from sqlaq.lease import Lease
+from sqlaq.schema import FINISH_CHANNEL, FINISHED_STATUSES, JobStatus
+
+__all__ = [
+    "APPLICATION_NAME",
+    "DEFAULT_POLL_INTERVAL",
+    "JobNotFoundError",
+    "JobOutcome",
+    "WaitTimeoutError",
+    "complete_with_result",
+    "encode_result",
+    "result",
+    "wait",
+]
+
+_log = logging.getLogger(__name__)
+
+#: What :func:`complete_with_result` and :func:`result` run on.
+Executor = Connection | Session
+
+#: How often :func:`wait` reads the job even without a notification: the bound on how
+#: late it notices a finish whose notification was lost (the listening connection
+#: dropped and came back).
+DEFAULT_POLL_INTERVAL = timedelta(seconds=5)
+#: The ``application_name`` of :func:`wait`'s listening connection (unless the URL
+#: names one), so it is easy to find in ``pg_stat_activity``.
+APPLICATION_NAME = "sqlaq-wait"
+# The same keepalives as the worker's listener: a wait may be long, and only reads.
+_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+_INT8_MAX = 9_223_372_036_854_775_807
+
+_NIL = Lease(0, UUID(int=0), UUID(int=0), 0, datetime.min)
+# Built once; each call passes its own values as execution parameters (see ops.py).
+_COMPLETE_RESULT = queries.complete_result_stmt(lease=_NIL, result_json="null")
+_OUTCOME = queries.job_outcome_stmt(job_id=0)
+_WATCH = queries.watch_job_stmt(job_id=0)
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What became of a job, as stored: its status, its result or its error.
+
+    Not to be confused with the worker's :class:`~sqlaq.JobResult` (the report of one
+    attempt in one worker): this is the job's row, read from the database.
+
+    Attributes:
+        job_id: The job.
+        status: Its status when read; ``done``, ``failed`` or ``cancelled`` once it
+            finished (:attr:`finished`).
+        result: The handler's return value, decoded from JSON (a ``dict``, ``list``,
+            ``str``, ``int``, ``float`` or ``bool``); None when the handler returned
+            None, or the job is not done.
+        error: The job's ``last_error``: why its last attempt failed, if one did.
+        finished_at: When it finished (database clock), or None while pending.
+    """
+
+    job_id: int
+    status: JobStatus
+    result: Any
+    error: str | None
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job is done, failed or cancelled."""
+        return self.status in FINISHED_STATUSES
+
+
+class JobNotFoundError(SqlaqError, LookupError):
+    """No job has this id: it never existed, was pruned, or is not committed yet."""
+
+    def __init__(self, job_id: int, hint: str = "") -> None:
+        self.job_id = job_id
+        super().__init__(f"no job {job_id}: it does not exist or was pruned{hint}")
+
+
+class WaitTimeoutError(SqlaqError, TimeoutError):
+    """:func:`wait` ran out of time before the job finished (a :class:`TimeoutError`).
+
+    Attributes:
+        job_id: The job waited for.
+        outcome: The job as last read (still queued or running).
+    """
+
+    def __init__(self, outcome: JobOutcome, timeout: timedelta) -> None:
+        self.job_id = outcome.job_id
+        self.outcome = outcome
+        super().__init__(
+            f"job {outcome.job_id} did not finish within {timeout}: it is still {outcome.status}"
+        )
+
+
+def encode_result(value: object) -> str | None:
+    """A handler's return value as JSON text for :func:`complete_with_result`.
+
+    Returns:
+        None for None (no result is stored); else compact JSON text of *value*, which
+        may be any JSON value: a dict (any ``Mapping``), list or tuple, str, int, float
+        or bool, checked with the payload's rules (no NaN or Infinity, no NUL or lone
+        surrogate, at most 500 levels deep, ints of at most 4,300 digits).
+
+    Raises:
+        InvalidJobError: *value* cannot be stored; the message names the bad element
+            (``result['rows'][3] is a set``) and the fix.
+    """
+    if value is None:
+        return None
+    try:
+        return encode_value(value, "result")
+    except InvalidJobError as exc:
+        raise InvalidJobError(
+            f"the handler's return value cannot be stored as the job's result: {exc}"
+        ) from None
+
+
+def complete_with_result(
+    conn: Executor, lease: Lease, result_json: str, *, raise_on_lost: bool = True
+) -> bool:
+    """Mark the job held by *lease* done and store *result_json* as its result, inside
+    the caller's transaction.
+
+    Args:
+        conn: The caller's Connection or Session (not committed here).
+        lease: The claim's lease: nothing is written once it is lost.
+        result_json: JSON text, as :func:`encode_result` returns it.
+        raise_on_lost: Raise when the lease was lost, rather than return False.
+
+    Returns:
+        True when the job was marked done; False when the lease was lost and
+        *raise_on_lost* is false.
+
+    Raises:
+        LeaseLostError: the lease was lost (the job was claimed again, cancelled or
+            finished) and *raise_on_lost* is true; nothing was written.
+    """
+    if not isinstance(result_json, str):
+        raise InvalidJobError(
+            f"result_json must be JSON text (a str from encode_result), got "
+            f"{type(result_json).__name__}"
+        )
+    params = queries.complete_result_params(lease=lease, result_json=result_json)
+    if conn.execute(_COMPLETE_RESULT, params).first() is not None:
+        return True
+    if raise_on_lost:
+        raise LeaseLostError([lease.job_id])
+    return False
+
+
+def result(conn: Executor, job_id: int) -> JobOutcome:
+    """Read job *job_id*'s status, result and error on the caller's connection.
+
+    The job need not have finished: a pending job comes back with its status and no
+    result (see :func:`wait` to wait for it).
+
+    Raises:
+        JobNotFoundError: no job has this id.
+        ConfigError: *job_id* is not a bigint.
+    """
+    _check_id(job_id)
+    row = conn.execute(_OUTCOME, {"b_id": job_id}).first()
+    if row is None:
+        raise JobNotFoundError(job_id)
+    return _outcome(row)
+
+
+def wait(
+    conn_or_engine: Engine | Connection | Session,
+    job_id: int,
+    *,
+    timeout: timedelta | float,
+    poll_interval: timedelta | float = DEFAULT_POLL_INTERVAL,
+) -> JobOutcome:
+    """Block until job *job_id* is done, failed or cancelled, and return its outcome.
+
+    Woken by a notification, not by polling: a dedicated connection LISTENs on
+    ``sqlaq_finished`` before the job is marked ``awaited``, and the job is read once
+    after that (it may have finished already) and again whenever its id arrives, or
+    every *poll_interval* in case a notification was lost.
+
+    The job must be committed: :func:`wait` works on connections of its own, taken from
+    the engine of *conn_or_engine* (a Connection's or Session's is used, their
+    transaction untouched). The listening connection is opened from the engine's URL
+    (settings given as ``connect_args`` are not seen: put them in the URL) and is
+    closed on return, on timeout and on error.
+
+    Args:
+        conn_or_engine: An Engine, or a Connection or Session bound to one.
+        job_id: The job to wait for.
+        timeout: How long to wait at most (a timedelta, or seconds).
+        poll_interval: How often to read the job without a notification.
+
+    Returns:
+        The finished job's :class:`JobOutcome`.
+
+    Raises:
+        WaitTimeoutError: the job did not finish in time (a :class:`TimeoutError`);
+            its ``outcome`` is the job as last read.
+        JobNotFoundError: no job has this id, or it is not committed yet.
+        InvalidJobError: *timeout* or *poll_interval* is not a duration of at most 100
+            years (zero is allowed for *timeout*: look once).
+    """
+    _check_id(job_id)
+    limit = _duration("timeout", timeout, allow_zero=True)
+    every = _duration("poll_interval", poll_interval, allow_zero=False).total_seconds()
+    engine = _engine_of(conn_or_engine)
+    deadline = time.monotonic() + limit.total_seconds()
+    with _FinishListener(engine) as listener:  # listening before the flag: none is missed
+        outcome = _watch(engine, job_id)
+        while not outcome.finished:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WaitTimeoutError(outcome, limit)
+            listener.wait_for(job_id, min(every, remaining))
+            outcome = _read(engine, job_id)
+        return outcome
+
+
+def _outcome(row: Any) -> JobOutcome:
+    return JobOutcome(
+        job_id=row.id,
+        status=JobStatus(row.status),
+        result=row.result,
+        error=row.last_error,
+        finished_at=row.finished_at,
+    )
+
+
+def _check_id(job_id: object) -> None:
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise ConfigError(f"a job id must be an int, got {shown(job_id)}")
+    if not -_INT8_MAX - 1 <= job_id <= _INT8_MAX:
+        raise ConfigError(f"job ids are bigints; {shown(job_id)} is out of range")
+
+
+def _duration(name: str, value: object, *, allow_zero: bool) -> timedelta:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value) or abs(value) > MAX_DURATION.total_seconds():
+            raise InvalidJobError(
+                f"{name} must be at most 100 years ({MAX_DURATION.total_seconds():.0f} s), "
+                f"got {shown(value)}"
+            )
+        value = timedelta(seconds=value)
+    return check_duration(name, value, allow_zero=allow_zero)
+
+
+def _engine_of(target: object) -> Engine:
+    if isinstance(target, Session):
+        target = target.get_bind()
+    if isinstance(target, Connection):
+        return target.engine
+    if isinstance(target, Engine):
+        return target
+    raise ConfigError(
+        f"wait needs an Engine, or a Connection or Session bound to one, got "
+        f"{type(target).__name__}"
+    )
+
+
+def _watch(engine: Engine, job_id: int) -> JobOutcome:
+    """Mark the job awaited (if pending and not yet awaited) and read it; committed at
+    once: the flag, until committed, locks the row against the completion it waits for."""
+    with engine.connect() as conn:
+        # Two statements, each with a snapshot of its own: the read after a no-op flag
+        # sees a completion that committed meanwhile (the engine may default to
+        # REPEATABLE READ, which would not).
+        conn = conn.execution_options(isolation_level="READ COMMITTED")
+        row = conn.execute(_WATCH, {"b_id": job_id}).first()
+        if row is None:
+            row = conn.execute(_OUTCOME, {"b_id": job_id}).first()
+        conn.commit()
+    if row is None:
+        raise JobNotFoundError(
+            job_id, ", or is not committed yet (wait reads on connections of its own)"
+        )
+    return _outcome(row)
+
+
+def _read(engine: Engine, job_id: int) -> JobOutcome:
+    with engine.connect() as conn:
+        row = conn.execute(_OUTCOME, {"b_id": job_id}).first()
+        conn.rollback()
+    if row is None:  # deleted while we waited (a host's ON DELETE CASCADE, a manual DELETE)
+        raise JobNotFoundError(job_id, ", or was deleted while being waited for")
+    return _outcome(row)
+
+
+def _listen_params(engine: Engine) -> dict[str, Any]:
+    # As sqlaq.worker.listener.connection_params (which this layer may not import): the
+    # engine's URL as psycopg connect() arguments, with a name and keepalives.
+    _, params = engine.dialect.create_connect_args(engine.url)
+    params = {k: v for k, v in params.items() if k != "context"}
+    params.setdefault("application_name", APPLICATION_NAME)
+    params.setdefault("connect_timeout", 10)
+    for key, value in _KEEPALIVES.items():
+        params.setdefault(key, value)
+    return params
+
+
+class _FinishListener:
+    """A raw autocommit psycopg connection LISTENing on ``sqlaq_finished``, outside the
+    engine's pool (a pooled connection would carry the LISTEN to its next user).
+
+    A lost connection is not an error: :meth:`wait_for` then sleeps instead (the caller
+    reads the job after each wait anyway) and reconnects on its next call.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._params = _listen_params(engine)
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> _FinishListener:
+        self._connect()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._close()
+
+    def wait_for(self, job_id: int, seconds: float) -> bool:
+        """Wait up to *seconds* for *job_id*'s notification; True if it came.
+
+        Returns False at once after reconnecting: what was notified while the
+        connection was down is lost, so the caller should read the job now.
+        """
+        if self._conn is None:
+            if self._connect():
+                return False
+            time.sleep(seconds)  # no listening connection: poll
+            return False
+        wanted = str(job_id)
+        try:
+            for notify in self._conn.notifies(timeout=seconds):
+                if notify.payload == wanted:
+                    return True
+        except psycopg.Error as exc:
+            _log.warning("wait: listening connection lost, polling: %s", _one_line(exc))
+            self._close()
+        return False
+
+    def _connect(self) -> bool:
+        try:
+            conn = psycopg.connect(**self._params, autocommit=True)
+        except psycopg.Error as exc:
+            _log.warning("wait: cannot listen for notifications, polling: %s", _one_line(exc))
+            return False
+        try:
+            conn.execute(queries.listen_stmt(channel=FINISH_CHANNEL))
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return True
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+
+
+def _one_line(error: object) -> str:
+    return " ".join(str(error).split())
