@@ -152,12 +152,9 @@ def encode_result(value: object) -> str | None:
     """
     if value is None:
         return None
-    try:
-        return encode_value(value, "result")
-    except InvalidJobError as exc:
-        raise InvalidJobError(
-            f"the handler's return value cannot be stored as the job's result: {exc}"
-        ) from None
+    # The worker prefixes the message ("the handler's return value cannot be stored: ")
+    # when it writes it to last_error.
+    return encode_value(value, "result")
 
 
 def complete_with_result(

