@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlaq.lease import Lease
 
@@ -45,6 +45,7 @@ class JobContext:
         "_cancelled",
         "_lease",
         "_renew",
+        "_session",
         "attempt",
         "attempted_at",
         "id",
@@ -78,6 +79,7 @@ class JobContext:
         self._renew = renew
         self.attempted_at = attempted_at
         self._cancelled = False
+        self._session: Any = None
 
     @classmethod
     def for_job(cls, job: ClaimedJob, lease_length: timedelta, renew: LeaseRenewer) -> JobContext:
@@ -109,6 +111,16 @@ class JobContext:
         steps and return early. Nothing interrupts the handler for it.
         """
         return self._cancelled
+
+    @property
+    def session(self) -> Any:
+        """The job's transaction, for a transactional handler (``transaction=True``, or
+        a ``session`` parameter): a SQLAlchemy ``Session`` (``AsyncSession`` for an
+        ``async`` handler) whose transaction also completes the job. None otherwise."""
+        return self._session
+
+    def _set_session(self, session: Any) -> None:
+        self._session = session
 
     def _set_cancelled(self) -> None:
         # Called by the worker (another thread): one attribute store, atomic.

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 
 from sqlaq.backoff import DEFAULT_BACKOFF
 from sqlaq.bounds import clamp_duration
-from sqlaq.errors import PermanentError, Snooze
+from sqlaq.errors import PermanentError, Snooze, SqlaqError
+from sqlaq.results import encode_result
 from sqlaq.schema import JobStatus
 
 if TYPE_CHECKING:
@@ -97,12 +98,15 @@ class Outcome:
         error: For ``retry`` and ``failed``: the summary written to ``last_error``.
         exception: The exception the handler raised, if any (for tests and logs; never
             written).
+        result: For ``done``: the handler's return value as JSON text, stored in the
+            job's ``result`` column; None when it returned None.
     """
 
     verdict: Verdict
     delay: timedelta | None = None
     error: str | None = None
     exception: BaseException | None = None
+    result: str | None = None
 
     @property
     def status(self) -> JobStatus | None:
@@ -120,8 +124,13 @@ LOST = Outcome(Verdict.LOST)
 CANCELLED = Outcome(Verdict.CANCELLED)
 
 
-def decide(handler: Handler | None, job: ClaimedJob, error: BaseException | None) -> Outcome:
-    """What an attempt of *job* that ended with *error* (None: returned) means.
+def decide(
+    handler: Handler | None,
+    job: ClaimedJob,
+    error: BaseException | None,
+    returned: object = None,
+) -> Outcome:
+    """What an attempt of *job* that ended with *error* (None: returned *returned*) means.
 
     Pure but for the handler's own retry policy, which is called here (and guarded: a
     policy that raises is logged and the default backoff used).
@@ -130,11 +139,21 @@ def decide(handler: Handler | None, job: ClaimedJob, error: BaseException | None
         handler: The job's handler; None when its kind has none (the job fails).
         job: The claimed job (its ``attempt`` and ``max_attempts``).
         error: What the handler raised, or None if it returned.
+        returned: What it returned: None, or a JSON value stored as the job's result.
+            A value that is not JSON fails the job (no retry: the same code would
+            return the same value) rather than losing the result silently.
     """
     if handler is None:
         return Outcome(Verdict.FAILED, error=f"no handler for kind {job.kind!r}")
     if error is None:
-        return DONE
+        if returned is None:
+            return DONE
+        try:
+            return Outcome(Verdict.DONE, result=encode_result(returned))
+        except SqlaqError as exc:
+            return Outcome(
+                Verdict.FAILED, error=f"the handler's return value cannot be stored: {exc}"
+            )
     if isinstance(error, Snooze):
         return Outcome(Verdict.SNOOZED, delay=clamp_duration(error.delay), exception=error)
     summary = describe_error(error)

@@ -72,6 +72,9 @@ class Handler:
         concurrency: At most this many jobs of the kind run at once across all
             workers, or None for no limit.
         rate: At most this many starts per period across all workers, or None.
+        transaction: The handler runs in the job's transaction: its writes commit with
+            the job's completion (see :meth:`Registry.handler`).
+        takes_session: It declares a ``session`` parameter, passed by keyword.
     """
 
     kind: str
@@ -83,6 +86,8 @@ class Handler:
     wait: WaitPolicy
     concurrency: int | None = None
     rate: Rate | None = None
+    transaction: bool = False
+    takes_session: bool = False
 
     @property
     def limited(self) -> bool:
@@ -138,6 +143,7 @@ class Registry:
         wait: WaitPolicy | None = None,
         concurrency: int | None = None,
         rate: Rate | str | None = None,
+        transaction: bool | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of *kind*.
 
@@ -161,6 +167,13 @@ class Registry:
                 ``"1/s"``, ``"100/m"``, ``"1000/h"``, ``"10/30s"`` or a
                 :class:`~sqlaq.Rate`. Jobs over the rate stay queued and keep their
                 attempts. See :mod:`sqlaq.limits` for how both are enforced.
+            transaction: Run the handler in the job's transaction: it gets a SQLAlchemy
+                ``Session`` (an ``AsyncSession`` for ``async def``) as its ``session``
+                parameter (and as ``current_job().session``), and after it returns the
+                worker completes the job in that same transaction, fenced by the lease,
+                then commits: its writes and the job's ``done`` commit together, or not
+                at all. Default: True when the function has a parameter named
+                ``session``.
 
         Raises:
             ConfigError: the kind is not a usable name or is already registered, or an
@@ -177,6 +190,7 @@ class Registry:
                 wait=wait,
                 concurrency=concurrency,
                 rate=rate,
+                transaction=transaction,
             )
             return func
 
@@ -298,6 +312,7 @@ class Registry:
         wait: WaitPolicy | None = None,
         concurrency: int | None = None,
         rate: Rate | str | None = None,
+        transaction: bool | None = None,
     ) -> Handler:
         """Register *func* as the handler of *kind*; the non-decorator form of
         :meth:`handler`, with the same arguments.
@@ -313,6 +328,7 @@ class Registry:
             raise ConfigError(f"kind {kind!r} already has a handler: {self._handlers[kind].func!r}")
         if not callable(func):
             raise ConfigError(f"the handler of {kind!r} must be callable, got {func!r}")
+        takes_session = _takes_session(func)
         entry = Handler(
             kind=kind,
             func=func,
@@ -323,6 +339,8 @@ class Registry:
             wait=_wait_policy(kind, wait),
             concurrency=_check_concurrency(kind, concurrency),
             rate=_check_rate(kind, rate),
+            transaction=_check_transaction(kind, transaction, takes_session),
+            takes_session=takes_session,
         )
         self._handlers[kind] = entry
         return entry
@@ -386,6 +404,31 @@ class Registry:
         if entry is None:
             raise ConfigError(f"no handler for kind {kind!r}; registered kinds: {self.kinds}")
         return entry
+
+
+def _takes_session(func: Callable[..., object]) -> bool:
+    try:
+        parameters = inspect.signature(func).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return False
+    session = parameters.get("session")
+    return session is not None and session.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+def _check_transaction(kind: str, value: object, takes_session: bool) -> bool:
+    if value is None:
+        return takes_session
+    if not isinstance(value, bool):
+        raise ConfigError(f"transaction of {kind!r} must be a bool or None, got {value!r}")
+    if takes_session and not value:
+        raise ConfigError(
+            f"the handler of {kind!r} takes a session parameter but transaction=False: "
+            "drop the parameter, or let it run in the job's transaction"
+        )
+    return value
 
 
 def _check_max_attempts(kind: str, value: object) -> int:

@@ -27,7 +27,7 @@ from time import perf_counter
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Row
+from sqlalchemy import Connection, Row
 from sqlalchemy.orm import Session
 
 from sqlaq import ops, queries
@@ -36,7 +36,9 @@ from sqlaq.lease import Lease
 from sqlaq.outcome import decide
 from sqlaq.registry import Registry
 from sqlaq.schema import JobStatus
+from sqlaq.worker import transaction
 from sqlaq.worker.run import Finished, Run
+from sqlaq.worker.transaction import SessionFactory
 from sqlaq.worker.writer import write_outcomes
 
 __all__ = ["DrainedJob", "assert_enqueued", "drain", "enqueued_jobs"]
@@ -77,6 +79,7 @@ def drain(
     *,
     queues: Sequence[str] | None = None,
     max_jobs: int = 1000,
+    sessionmaker: SessionFactory | None = None,
 ) -> list[DrainedJob]:
     """Run every due job inline, one at a time, and write each outcome.
 
@@ -84,7 +87,13 @@ def drain(
     ``asyncio.run``; ``current_job()`` works inside), then completes or fails the job
     with the real statements and the handler's retry policy, all in the caller's
     transaction. It loops until nothing is due. Within one transaction ``now()`` does
-    not move, so a job retried with a backoff stays queued and is not run again.
+    not move, so a job retried with a backoff stays queued and is not run again (move
+    the queue's clock with :func:`travel`).
+
+    A transactional handler (a ``session`` parameter, or ``transaction=True``) runs in
+    a SAVEPOINT of the test's own transaction, with a ``Session`` on the test's
+    connection: the test sees its writes, a handler that raises leaves none, and it can
+    never wait on a lock the test holds.
 
     Args:
         conn: The test's Connection or Session.
@@ -92,6 +101,10 @@ def drain(
         queues: The queues to drain; default every queue with a due job.
         max_jobs: Stop after this many runs (a guard against a handler that keeps
             enqueueing due jobs).
+        sessionmaker: Makes the sessions of transactional handlers; default a Session
+            on the test's connection that joins its transaction with a SAVEPOINT
+            (``join_transaction_mode="create_savepoint"``). Pass your own to keep your
+            Session options: bind it to the same connection.
 
     Returns:
         One :class:`DrainedJob` per run, in the order they ran.
@@ -106,16 +119,27 @@ def drain(
         ]
         if not claimed:
             break
+        connection = conn.connection() if isinstance(conn, Session) else conn
+        sessions = sessionmaker or _savepoint_sessions(connection)
         for job in claimed:
-            results.append(_run(conn, registry, job))
+            results.append(_run(connection, registry, job, sessions))
     return results
+
+
+def _savepoint_sessions(connection: Connection) -> SessionFactory:
+    def session() -> Session:
+        return Session(bind=connection, join_transaction_mode="create_savepoint")
+
+    return session
 
 
 def _due_queues(conn: ops.Executor) -> list[str]:
     return list(conn.execute(queries.due_queues_stmt()).scalars())
 
 
-def _run(conn: ops.Executor, registry: Registry, job: ops.ClaimedJob) -> DrainedJob:
+def _run(
+    conn: Connection, registry: Registry, job: ops.ClaimedJob, sessions: SessionFactory
+) -> DrainedJob:
     """Run *job*'s handler, decide its outcome and write it, as a worker would."""
     handler = registry.get(job.kind)
 
@@ -124,23 +148,30 @@ def _run(conn: ops.Executor, registry: Registry, job: ops.ClaimedJob) -> Drained
         return lease
 
     run = Run.of(job, handler, DRAIN_LEASE, renew)
-    error: BaseException | None = None
-    started = perf_counter()
-    if handler is not None:
-        token = bind(run.context)
-        try:
-            returned = handler.func(job.payload)
-            if inspect.isawaitable(returned):
-                asyncio.run(_await(returned))
-        except Exception as exc:
-            error = exc
-        finally:
-            unbind(token)
-    outcome = decide(handler, job, error)
-    finished = Finished(run, outcome, perf_counter() - started)
-    # A Session: its connection, so the worker's writer runs the same statements here.
-    connection = conn.connection() if isinstance(conn, Session) else conn
-    ((_, _, status),) = write_outcomes(connection, [(finished, outcome)])
+    if handler is not None and handler.transaction:
+        finished = transaction.run_sync(run, sessions)
+    else:
+        error: BaseException | None = None
+        returned: object = None
+        started = perf_counter()
+        if handler is not None:
+            token = bind(run.context)
+            try:
+                returned = handler.func(job.payload)
+                if inspect.isawaitable(returned):
+                    returned = asyncio.run(_await(returned))
+            except Exception as exc:
+                error = exc
+            finally:
+                unbind(token)
+        outcome = decide(handler, job, error, returned)
+        finished = Finished(run, outcome, perf_counter() - started)
+    outcome = finished.outcome
+    if finished.committed:
+        status = finished.status
+    else:
+        # The worker's writer's statements, on the test's connection.
+        ((_, _, status),) = write_outcomes(conn, [(finished, outcome)])
     return DrainedJob(
         job.id,
         job.kind,
@@ -152,8 +183,8 @@ def _run(conn: ops.Executor, registry: Registry, job: ops.ClaimedJob) -> Drained
     )
 
 
-async def _await(outcome: Any) -> None:
-    await outcome
+async def _await(outcome: Any) -> Any:
+    return await outcome
 
 
 def enqueued_jobs(

@@ -20,6 +20,8 @@ from sqlalchemy import Engine, create_engine, text
 import sqlaq
 
 LEDGER = "sqlaq_test_ledger"
+#: The host table of the transactional handlers' effects (created by the tests).
+EFFECTS = "sqlaq_test_effects"
 HANDLER_APPLICATION_NAME = "sqlaq-test-handler"
 
 registry = sqlaq.Registry()
@@ -135,6 +137,21 @@ def video(payload: dict[str, Any]) -> None:
 def rated(payload: dict[str, Any]) -> None:
     """At most five starts a second across every worker: record the run."""
     record()
+
+
+@registry.handler("txn_effect")
+def txn_effect(payload: dict[str, Any], session: Any) -> None:
+    """A transactional handler: write one effect row in the job's transaction; on the
+    job's first attempt, then block for ``payload['seconds']`` before returning (the
+    write not yet committed), so a test can kill the worker in between."""
+    job = sqlaq.current_job()
+    session.execute(
+        text(f"INSERT INTO {EFFECTS} (job_id, attempt) VALUES (:job_id, :attempt)"),
+        {"job_id": job.id, "attempt": job.attempt},
+    )
+    record("written")  # committed apart (the ledger): the test sees the write happened
+    if job.attempt == 1:
+        time.sleep(payload.get("seconds", 60))
 
 
 #: Only the maintenance tests run this registry (``worker_app:periodic_registry``): a

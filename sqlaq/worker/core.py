@@ -55,6 +55,7 @@ from sqlaq.worker.leases import Leases
 from sqlaq.worker.listener import Listener, connection_params
 from sqlaq.worker.run import Finished, JobResult, Run
 from sqlaq.worker.runner import Runner
+from sqlaq.worker.transaction import Sessions
 from sqlaq.worker.writer import Batch, Writer, Written
 
 __all__ = ["FINAL_WRITE_SECONDS", "LISTENER_APPLICATION_NAME", "WORKER_APPLICATION_NAME", "Worker"]
@@ -85,6 +86,13 @@ class Worker:
             (or found lost), in the thread running :meth:`run`; keep it quick.
         on_job_started: Called with each :class:`~sqlaq.ClaimedJob` as it is handed to
             its handler, in the thread running :meth:`run`; keep it quick.
+        sessionmaker: What makes the session of a transactional handler's transaction
+            (a ``sessionmaker``, or an ``async_sessionmaker`` for ``async`` ones), so
+            the host's own options apply. Default: ``sessionmaker(bind=engine)``, and
+            for async handlers an ``async_sessionmaker`` on an AsyncEngine the worker
+            makes on the same URL (the ``asyncio`` extra). Each transactional handler
+            holds one connection while it runs: the engine's pool must hold the
+            worker's concurrency plus two (its claims and its writer).
 
     Attributes:
         worker_id: This worker's id, written to ``locked_by`` of the jobs it claims.
@@ -104,6 +112,7 @@ class Worker:
         *,
         on_job_finished: Callable[[JobResult], None] | None = None,
         on_job_started: Callable[[ops.ClaimedJob], None] | None = None,
+        sessionmaker: Any = None,
         **options: Any,
     ) -> None:
         if options or config is None:
@@ -138,7 +147,14 @@ class Worker:
         )
         self._writer = Writer(engine, self._wake.set)
         sorts = {h.is_async for h in registry}
-        self._runner = Runner(config.concurrency, self._handler_finished, mixed=len(sorts) > 1)
+        self._sessions = Sessions(engine, registry, config.concurrency, sessionmaker)
+        self._runner = Runner(
+            config.concurrency,
+            self._handler_finished,
+            mixed=len(sorts) > 1,
+            sessions=self._sessions.sync,
+            async_sessions=self._sessions.async_,
+        )
         self._capacity = config.concurrency + config.prefetch  # jobs held in hand at most
         self._refill = max(1, config.prefetch // 2)
         self._listener: Listener | None = None
@@ -284,14 +300,20 @@ class Worker:
         while self._cancels:
             self._leases.cancelled(self._cancels.popleft())
         leases = self._leases
+        committed: list[Written] = []
         while self._finished:
             finished = self._finished.popleft()
             run = finished.run
             self._busy -= 1
             self._fetcher.finished(run.job.kind, run.job.queue)
+            if finished.committed:  # a transactional handler's transaction wrote it
+                committed.append((finished, finished.outcome, finished.status))
+                continue
             # The lease bookkeeping has the last word: a run whose lease is gone writes
             # nothing, whatever its handler did.
             self._unwritten.append((finished, leases.verdict(run) or finished.outcome))
+        if committed:
+            self._settle(committed)
 
     def _dispatch(self, claimed: list[ops.ClaimedJob]) -> None:
         """Hold claimed jobs and hand them to the runner; a kind without a handler
@@ -535,6 +557,7 @@ class Worker:
         self._writer.close()  # it closes its connection on the way out
         self._fetcher.close()
         self._runner.close()
+        self._sessions.close()
         if self._own_engine:
             self._engine.dispose()
         _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})

@@ -93,11 +93,16 @@ class Finished:
         run: The run.
         outcome: What the handler's return or exception means (:func:`sqlaq.outcome.decide`).
         duration: Seconds the handler ran.
+        committed: The outcome is already written: a transactional handler's
+            transaction completed the job (or found its lease gone and rolled back).
+        status: With *committed*: the status written (None: lease gone, nothing).
     """
 
     run: Run
     outcome: Outcome
     duration: float
+    committed: bool = False
+    status: JobStatus | None = None
 
     def result(self, outcome: Outcome, status: JobStatus | None) -> JobResult:
         """This run as a :class:`JobResult`: *outcome* was written as *status*."""

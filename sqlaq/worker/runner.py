@@ -25,6 +25,7 @@ from typing import cast
 
 from sqlaq.context import bind, unbind
 from sqlaq.outcome import CANCELLED, decide
+from sqlaq.worker import transaction
 from sqlaq.worker.run import Finished, Run
 
 __all__ = ["Runner"]
@@ -49,8 +50,16 @@ class Runner:
     """
 
     def __init__(
-        self, size: int, on_finished: Callable[[Finished], None], *, mixed: bool = True
+        self,
+        size: int,
+        on_finished: Callable[[Finished], None],
+        *,
+        mixed: bool = True,
+        sessions: transaction.SessionFactory | None = None,
+        async_sessions: transaction.AsyncSessionFactory | None = None,
     ) -> None:
+        self._sessions = sessions
+        self._async_sessions = async_sessions
         self._size = size
         self._mixed = mixed
         self._on_finished = on_finished
@@ -193,26 +202,39 @@ class Runner:
     def _run_one(self, run: Run) -> None:
         if run.context.cancelled:  # cancelled while it waited: never started
             finished = Finished(run, CANCELLED, 0.0)
+        elif run.handler is not None and run.handler.transaction:
+            finished = transaction.run_sync(run, self._session_factory())
         else:
             token = bind(run.context)
             started = perf_counter()
             error: BaseException | None = None
+            returned: object = None
             try:
-                result = run.handler.func(run.job.payload) if run.handler else None
-                if result is not None and inspect.isawaitable(result):
+                returned = run.handler.func(run.job.payload) if run.handler else None
+                if returned is not None and inspect.isawaitable(returned):
                     # A sync callable that returned an awaitable (a wrapped coroutine
                     # function): run it on the shared loop rather than a loop of its own.
-                    future = asyncio.run_coroutine_threadsafe(_awaited(result), self._ensure_loop())
-                    future.result()
+                    loop = self._ensure_loop()
+                    returned = asyncio.run_coroutine_threadsafe(_awaited(returned), loop).result()
             except BaseException as exc:  # a handler's error never ends the slot thread
                 error = exc
             finally:
                 unbind(token)
             duration = perf_counter() - started
-            finished = Finished(run, decide(run.handler, run.job, error), duration)
+            finished = Finished(run, decide(run.handler, run.job, error, returned), duration)
         with self._count_lock:  # before reporting: the worker may refill the slot at once
             self._blocking -= 1
         self._on_finished(finished)
+
+    def _session_factory(self) -> transaction.SessionFactory:
+        if self._sessions is None:  # pragma: no cover - the worker always passes one
+            raise RuntimeError("a transactional handler needs a session factory")
+        return self._sessions
+
+    def _async_session_factory(self) -> transaction.AsyncSessionFactory:
+        if self._async_sessions is None:  # pragma: no cover - the worker passes one
+            raise RuntimeError("a transactional async handler needs an async session factory")
+        return self._async_sessions
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:
@@ -251,13 +273,21 @@ class Runner:
             self._leave()
             self._on_finished(Finished(run, CANCELLED, 0.0))
             return
+        if run.handler is not None and run.handler.transaction:
+            try:
+                finished = await transaction.run_async(run, self._async_session_factory())
+            finally:
+                self._leave()
+            self._on_finished(finished)
+            return
         # Each task runs in its own copy of the context, so this binding is the task's.
         bind(run.context)
         started = perf_counter()
         error: BaseException | None = None
+        returned: object = None
         try:
             if run.handler is not None:
-                await cast(Awaitable[object], run.handler.func(run.job.payload))
+                returned = await cast(Awaitable[object], run.handler.func(run.job.payload))
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -268,7 +298,7 @@ class Runner:
         finally:
             self._leave()
         duration = perf_counter() - started
-        self._on_finished(Finished(run, decide(run.handler, run.job, error), duration))
+        self._on_finished(Finished(run, decide(run.handler, run.job, error, returned), duration))
 
     def _cancel_tasks(self, stop: bool) -> None:
         loop = asyncio.get_running_loop()

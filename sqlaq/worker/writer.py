@@ -31,6 +31,7 @@ from sqlalchemy import Connection, Engine
 
 from sqlaq import ops
 from sqlaq.outcome import Outcome, Verdict, unwritable
+from sqlaq.results import complete_with_result
 from sqlaq.schema import JobStatus
 from sqlaq.transient import describe, is_transient
 from sqlaq.worker.leases import Leases, Renewed
@@ -82,7 +83,7 @@ def write_outcomes(conn: Connection, items: Sequence[tuple[Finished, Outcome]]) 
     of its queue (NOTIFY on commit), so the freed slot is taken at once.
     """
     written: list[Written] = []
-    successes = [item for item in items if item[1].verdict is Verdict.DONE]
+    successes = [i for i in items if i[1].verdict is Verdict.DONE and i[1].result is None]
     if successes:
         leases = [f.run.context.lease for f, _ in successes]
         done = set(ops.complete(conn, leases, raise_on_lost=False))
@@ -92,8 +93,11 @@ def write_outcomes(conn: Connection, items: Sequence[tuple[Finished, Outcome]]) 
         lease = finished.run.context.lease
         status: JobStatus | None
         if verdict is Verdict.DONE:
-            continue
-        if not outcome.writes:
+            if outcome.result is None:
+                continue  # completed above, with the others
+            stored = complete_with_result(conn, lease, outcome.result, raise_on_lost=False)
+            status = JobStatus.DONE if stored else None
+        elif not outcome.writes:
             status = outcome.status  # lost or cancelled: nothing to write
         elif verdict is Verdict.SNOOZED:
             delay = outcome.delay or timedelta(0)

@@ -1,0 +1,214 @@
+"""Transactional handlers: the handler's writes and the job's completion in one
+transaction. No scheduling, no threads of its own: the runner (and the test kit) call
+these in the thread or task that runs the handler.
+
+A transactional handler gets a session whose transaction also completes its job: after
+the handler returns, the fenced completion runs in that transaction, then it commits.
+If the lease is gone (the job was claimed again elsewhere, or cancelled), the
+completion matches no row and the whole transaction rolls back: nothing of a stale
+attempt is ever committed. A handler that raises rolls its writes back; its failure is
+written afterwards, like any handler's, by the worker's writer.
+
+The guarantee: for effects in the same database, exactly once (the writes commit with
+the job's ``done``, once); for effects elsewhere, still at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from time import perf_counter
+from typing import Any, cast
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+from sqlalchemy.orm import sessionmaker as orm_sessionmaker
+
+from sqlaq import ops
+from sqlaq.context import bind, unbind
+from sqlaq.errors import ConfigError
+from sqlaq.outcome import LOST, Outcome, Verdict, decide
+from sqlaq.registry import Registry
+from sqlaq.results import complete_with_result
+from sqlaq.schema import JobStatus
+from sqlaq.worker.run import Finished, Run
+
+__all__ = ["AsyncSessionFactory", "SessionFactory", "Sessions", "run_async", "run_sync"]
+
+#: Makes the session of one job's transaction: a ``sessionmaker`` (or any callable
+#: returning a Session usable as a context manager).
+SessionFactory = Callable[[], AbstractContextManager[Session]]
+AsyncSessionFactory = Callable[[], AbstractAsyncContextManager[Any]]
+
+
+class _LeaseGone(Exception):
+    """Rolls a transactional attempt back: its completion matched no row."""
+
+
+class _NotStored(Exception):
+    """Rolls a transactional attempt back: its outcome is not done (a return value
+    that cannot be stored)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+
+def complete_in(session: Session, run: Run, outcome: Outcome) -> bool:
+    """Run the fenced completion of *run* in *session*'s transaction (with the handler's
+    result, if any); False when the lease is gone."""
+    lease = run.context.lease
+    if outcome.result is None:
+        return bool(ops.complete(session, lease, raise_on_lost=False))
+    return complete_with_result(session, lease, outcome.result, raise_on_lost=False)
+
+
+def _settled(run: Run, outcome: Outcome, started: float, completed: bool) -> Finished:
+    duration = perf_counter() - started
+    if completed:
+        return Finished(run, outcome, duration, committed=True, status=JobStatus.DONE)
+    return Finished(run, LOST, duration, committed=True, status=None)
+
+
+def _failed(run: Run, error: BaseException, started: float) -> Finished:
+    if isinstance(error, _NotStored):
+        return Finished(run, error.outcome, perf_counter() - started)
+    return Finished(run, decide(run.handler, run.job, error), perf_counter() - started)
+
+
+def _call(run: Run, session: Any) -> object:
+    handler = run.handler
+    if handler is None:  # pragma: no cover - only handled kinds are submitted
+        raise RuntimeError(f"no handler for kind {run.job.kind!r}")
+    if handler.takes_session:
+        return handler.func(run.job.payload, session=session)  # type: ignore[call-arg]
+    return handler.func(run.job.payload)
+
+
+def _judge(run: Run, returned: object) -> Outcome:
+    outcome = decide(run.handler, run.job, None, returned)
+    if outcome.verdict is not Verdict.DONE:
+        raise _NotStored(outcome)
+    return outcome
+
+
+def run_sync(run: Run, sessions: SessionFactory) -> Finished:
+    """Run *run*'s sync handler in a transaction of its own and complete it there."""
+    context = run.context
+    token = bind(context)
+    started = perf_counter()
+    try:
+        with sessions() as session, session.begin():
+            context._set_session(session)
+            outcome = _judge(run, _call(run, session))
+            if not complete_in(session, run, outcome):
+                raise _LeaseGone
+    except _LeaseGone:
+        return _settled(run, LOST, started, completed=False)
+    except BaseException as exc:  # the transaction rolled back; the failure is written later
+        return _failed(run, exc, started)
+    finally:
+        context._set_session(None)
+        unbind(token)
+    return _settled(run, outcome, started, completed=True)
+
+
+async def run_async(run: Run, sessions: AsyncSessionFactory) -> Finished:
+    """Run *run*'s async handler in a transaction of its own (an ``AsyncSession``) and
+    complete it there; the completion is the same sync statement, run through
+    ``AsyncSession.run_sync``."""
+    context = run.context
+    bind(context)  # the task's own copy of the context
+    started = perf_counter()
+    try:
+        async with sessions() as session, session.begin():
+            context._set_session(session)
+            returned = await cast(Any, _call(run, session))
+            outcome = _judge(run, returned)
+            if not await session.run_sync(complete_in, run, outcome):
+                raise _LeaseGone
+    except _LeaseGone:
+        return _settled(run, LOST, started, completed=False)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the worker is closing: its job was handed back
+        return _failed(run, exc, started)
+    except BaseException as exc:
+        return _failed(run, exc, started)
+    finally:
+        context._set_session(None)
+    return _settled(run, outcome, started, completed=True)
+
+
+class Sessions:
+    """The session factories of one worker's transactional handlers.
+
+    Args:
+        engine: The worker's Engine.
+        registry: Its handlers (which are transactional, sync or async).
+        concurrency: The worker's concurrency (each transactional handler holds a
+            connection while it runs).
+        sessionmaker: The host's ``sessionmaker`` or ``async_sessionmaker``, or None.
+
+    Raises:
+        ConfigError: the pool cannot hold a connection per transactional handler, or
+            async transactional handlers need what is not installed.
+    """
+
+    def __init__(
+        self, engine: Engine, registry: Registry, concurrency: int, sessionmaker: Any
+    ) -> None:
+        self.sync: SessionFactory | None = None
+        self.async_: AsyncSessionFactory | None = None
+        self._async_engine: Any = None
+        kinds = [h for h in registry if h.transaction]
+        if not kinds:
+            return
+        given_async = sessionmaker is not None and _is_async_factory(sessionmaker)
+        if any(not h.is_async for h in kinds):
+            factory = sessionmaker if sessionmaker is not None and not given_async else None
+            self.sync = factory or orm_sessionmaker(bind=engine)
+            bind = getattr(factory, "kw", {}).get("bind", engine) if factory else engine
+            _check_pool(bind, concurrency)
+        if any(h.is_async for h in kinds):
+            self.async_ = sessionmaker if given_async else self._default_async(engine)
+
+    def _default_async(self, engine: Engine) -> AsyncSessionFactory:
+        try:
+            from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+        except ImportError as exc:
+            raise ConfigError(
+                f"async transactional handlers need the asyncio extra: {exc}; "
+                "pip install 'sqlaq[asyncio]', or pass sessionmaker=async_sessionmaker(...)"
+            ) from None
+        url = engine.url.set(drivername="postgresql+psycopg_async")
+        self._async_engine = create_async_engine(url, pool_pre_ping=True)
+        return cast(AsyncSessionFactory, async_sessionmaker(self._async_engine))
+
+    def close(self) -> None:
+        """Dispose of the AsyncEngine made here, if any (its connections are closed
+        synchronously: no event loop is needed)."""
+        if self._async_engine is not None:
+            self._async_engine.sync_engine.dispose()
+
+
+def _is_async_factory(factory: object) -> bool:
+    return type(factory).__name__ == "async_sessionmaker"
+
+
+def _check_pool(engine: Any, concurrency: int) -> None:
+    pool = getattr(engine, "pool", None)
+    size = getattr(pool, "size", None)
+    overflow = getattr(pool, "_max_overflow", None)
+    if not callable(size) or not isinstance(overflow, int) or overflow < 0:
+        return  # not a bounded QueuePool (NullPool, StaticPool...): nothing to check
+    capacity = size() + overflow
+    needed = concurrency + 2
+    if capacity < needed:
+        raise ConfigError(
+            f"the engine's pool holds at most {capacity} connections, but a worker with "
+            f"concurrency {concurrency} running transactional handlers needs {needed} "
+            "(one per handler, plus its claims and its writer): "
+            f"create_engine(..., pool_size={needed}) or a larger max_overflow"
+        )
