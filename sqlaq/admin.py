@@ -1,9 +1,10 @@
 """The operator command ``sqlaq``: look at the queue and fix it, from a shell.
 
 Subcommands: ``migrate``, ``check``, ``stats``, ``list``, ``show``, ``retry``, ``cancel``,
-``prune``, ``enqueue``. Each takes ``--database-url`` (else ``SQLAQ_DATABASE_URL``, else
-``DATABASE_URL``). This module turns argv into calls of :mod:`sqlaq.ops` and
-:mod:`sqlaq.migrations` and prints the result; its statements come from
+``prune``, ``enqueue``, ``dashboard`` (serves :mod:`sqlaq.dashboard`). Each takes
+``--database-url`` (else ``SQLAQ_DATABASE_URL``, else ``DATABASE_URL``). This module
+turns argv into calls of :mod:`sqlaq.ops` and :mod:`sqlaq.migrations` and prints the
+result; its statements come from
 :mod:`sqlaq.queries`. Only :func:`main` reads ``os.environ``; :func:`run` is handed
 the environment. Its shared parts (errors, the database URL and engine) are
 :mod:`sqlaq.commandline`'s; it imports nothing of ``cli.py``.
@@ -39,7 +40,7 @@ from sqlaq.commandline import (
     typed,
 )
 from sqlaq.errors import SchemaOutOfDateError, SqlaqError
-from sqlaq.option import BIGINT_MAX, Duration, Integer, Text
+from sqlaq.option import BIGINT_MAX, Choice, Duration, Integer, Text
 from sqlaq.schema import FINISHED_STATUSES, JobStatus
 
 __all__ = ["BATCH_SIZE", "build_parser", "main", "run"]
@@ -57,11 +58,7 @@ _INT4_POSITIVE = Integer(1, 2**31 - 1)
 
 
 def _status(text: str) -> JobStatus:
-    try:
-        return JobStatus(text)
-    except ValueError:
-        choices = ", ".join(s.value for s in JobStatus)
-        raise UsageError(f"--status: invalid status {text!r}: use {choices}") from None
+    return JobStatus(typed(Choice(tuple(s.value for s in JobStatus)), "--status")(text))
 
 
 def _payload(text: str) -> dict[str, Any]:
@@ -137,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay", type=typed(Duration(), "--delay"), default=timedelta(0))
     p.add_argument("--max-attempts", type=typed(_INT4_POSITIVE, "--max-attempts"), default=5)
     p.add_argument("--dedupe-key", type=typed(Text(), "--dedupe-key"))
+
+    p = sub.add_parser("dashboard", parents=[common], help="serve the web dashboard")
+    p.add_argument("--host", type=typed(Text(), "--host"), default="127.0.0.1")
+    p.add_argument("--port", type=typed(Integer(1, 65535), "--port"), default=8000)
+    p.add_argument("--read-only", action="store_true", help="hide and refuse actions")
     return parser
 
 
@@ -169,9 +171,6 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = No
             engine.dispose()
     except (UsageError, SqlaqError) as exc:
         print(f"{PROG}: {one_line(exc)}", file=sys.stderr)
-        return EXIT_USAGE
-    except sa_exc.DBAPIError as exc:  # pragma: no cover - raised inside the engine's block
-        print(f"{PROG}: database error: {db_error(exc)}", file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -446,6 +445,17 @@ def _enqueue(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _dashboard(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        from sqlaq import dashboard
+    except ImportError as exc:
+        raise UsageError(f"dashboard: pip install 'sqlaq[dashboard]' ({exc})") from None
+    if args.host not in {"127.0.0.1", "localhost", "::1"}:
+        _notice(f"serving on {args.host}: the dashboard has no authentication of its own")
+    dashboard.serve(engine, host=args.host, port=args.port, read_only=args.read_only)
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
     "migrate": _migrate,
     "check": _check,
@@ -456,6 +466,7 @@ _COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
     "cancel": _cancel,
     "prune": _prune,
     "enqueue": _enqueue,
+    "dashboard": _dashboard,
 }
 
 

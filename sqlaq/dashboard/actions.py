@@ -1,0 +1,88 @@
+"""What the dashboard's buttons do: the operations of ``sqlaq retry``, ``sqlaq cancel``
+and ``sqlaq prune``, run through :mod:`sqlaq.ops` on the dashboard's engine.
+
+Bulk work goes in batches of :data:`sqlaq.admin.BATCH_SIZE`-like size (1,000 rows), one
+short transaction each, as the command does. No SQL of its own, and no web framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import Engine
+
+from sqlaq import ops, queries
+from sqlaq.schema import JobStatus
+
+__all__ = ["BATCH_SIZE", "Done", "cancel_job", "prune", "retry_group", "retry_job"]
+
+#: Rows per transaction of a bulk action (as ``sqlaq retry --failed`` and ``sqlaq prune``).
+BATCH_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class Done:
+    """What a bulk action did: *changed* of the *seen* jobs it looked at."""
+
+    changed: int
+    seen: int
+
+
+def retry_job(engine: Engine, job_id: int) -> bool:
+    """Queue failed or cancelled job *job_id* again (:func:`sqlaq.retry`); whether it was."""
+    with engine.begin() as conn:
+        return bool(ops.retry(conn, [job_id]))
+
+
+def cancel_job(engine: Engine, job_id: int) -> bool:
+    """Cancel queued or running job *job_id* (:func:`sqlaq.cancel`); whether it was."""
+    with engine.begin() as conn:
+        return bool(ops.cancel(conn, [job_id]))
+
+
+def retry_group(engine: Engine, *, kind: str, error: str, since: timedelta | None) -> Done:
+    """Retry every failed job of *kind* whose ``last_error`` starts with the line
+    *error* (and, with *since*, that failed within it), in batches by id."""
+    changed = seen = after = 0
+    with engine.connect() as conn:
+        while True:
+            stmt = queries.failure_group_ids_stmt(
+                kind=kind, error=error, since=since, after_id=after, limit=BATCH_SIZE
+            )
+            ids = list(conn.execute(stmt).scalars())
+            if not ids:
+                break
+            seen += len(ids)
+            changed += len(ops.retry(conn, ids))
+            conn.commit()
+            after = ids[-1]
+    return Done(changed, seen)
+
+
+def count_prunable(engine: Engine, ages: Mapping[JobStatus, timedelta]) -> dict[JobStatus, int]:
+    """How many jobs :func:`prune` would delete now, per status."""
+    with engine.connect() as conn:
+        return {
+            status: conn.execute(
+                queries.count_prunable_stmt(older_than=age, statuses=[status])
+            ).scalar_one()
+            for status, age in ages.items()
+        }
+
+
+def prune(engine: Engine, ages: Mapping[JobStatus, timedelta]) -> Done:
+    """Delete the finished jobs of each status older than its age (:func:`sqlaq.prune`),
+    in batches committed one by one; ``seen`` is the count before it started."""
+    expected = sum(count_prunable(engine, ages).values())
+    total = 0
+    with engine.connect() as conn:
+        for status, age in sorted(ages.items()):
+            while True:
+                deleted = ops.prune(conn, older_than=age, statuses=[status], limit=BATCH_SIZE)
+                conn.commit()
+                total += deleted
+                if deleted < BATCH_SIZE:
+                    break
+    return Done(total, expected)

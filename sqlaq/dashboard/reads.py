@@ -1,0 +1,283 @@
+"""What the dashboard reads: each function runs builders of :mod:`sqlaq.queries` on the
+caller's connection and shapes the rows for a page or for the overview's JSON.
+
+No web framework, no SQL of its own, nothing written (the actions are
+:mod:`sqlaq.dashboard.actions`). Every time comes from the database's clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Row
+
+from sqlaq import queries
+from sqlaq.registry import Registry
+from sqlaq.schema import FINISHED_STATUSES, JobStatus
+
+__all__ = [
+    "OUTCOMES",
+    "STATUSES",
+    "WINDOWS",
+    "Overview",
+    "Schedule",
+    "Workers",
+    "failure_groups",
+    "job",
+    "jobs_page",
+    "overview",
+    "schedules",
+    "workers",
+]
+
+#: The plots' time ranges (hours) and the bucket of each: at most 180 points a series.
+WINDOWS: Mapping[int, timedelta] = {
+    1: timedelta(minutes=1),
+    3: timedelta(minutes=1),
+    6: timedelta(minutes=2),
+    12: timedelta(minutes=5),
+    24: timedelta(minutes=10),
+}
+STATUSES = tuple(s.value for s in JobStatus)
+#: The outcomes of the throughput plot, in the order of its series.
+OUTCOMES = tuple(s.value for s in (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED))
+_PERCENTILE_NAMES = tuple(f"p{round(p * 100)}" for p in queries.WAIT_PERCENTILES)
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The overview page: counts, per-queue health and the two plots' series.
+
+    Attributes:
+        now: The database's clock when it was read.
+        hours: The plots' range (and the finished counts' window).
+        bucket: The plots' bucket.
+        counts: ``(queue, kind, {status: count})``: every pending job, and the jobs that
+            finished within the range.
+        totals: Jobs per status over *counts*.
+        health: Per queue: ``queue, due, oldest_due_age, expired_leases,
+            failed_last_hour``.
+        throughput: ``t`` (bucket starts, Unix seconds) and, per outcome, jobs finished
+            per minute on average over each bucket.
+        wait: ``t``, ``count`` and the wait's percentiles (``p50``...) in seconds;
+            None where no job started in a bucket.
+    """
+
+    now: datetime
+    hours: int
+    bucket: timedelta
+    counts: list[tuple[str, str, dict[str, int]]]
+    totals: dict[str, int]
+    health: list[Row[Any]]
+    throughput: dict[str, list[float]] = field(default_factory=dict)
+    wait: dict[str, list[float | None]] = field(default_factory=dict)
+
+    def series(self) -> dict[str, Any]:
+        """The plots' data as JSON-ready values."""
+        return {
+            "now": self.now.timestamp(),
+            "hours": self.hours,
+            "bucket_seconds": int(self.bucket.total_seconds()),
+            "throughput": self.throughput,
+            "wait": self.wait,
+        }
+
+
+def overview(conn: Connection, hours: int) -> Overview:
+    """Read the overview over the last *hours* (a key of :data:`WINDOWS`)."""
+    window, bucket = timedelta(hours=hours), WINDOWS[hours]
+    now = conn.execute(queries.clock_stmt()).scalar_one()
+    pivot: dict[tuple[str, str], dict[str, int]] = {}
+    totals = dict.fromkeys(STATUSES, 0)
+    for queue, kind, status, count in conn.execute(queries.overview_counts_stmt(window=window)):
+        pivot.setdefault((queue, kind), {})[status] = count
+        totals[status] = totals.get(status, 0) + count
+    health = list(conn.execute(queries.overview_health_stmt()))
+    starts = _buckets(now, window, bucket)
+    index = {start: i for i, start in enumerate(starts)}
+    per_minute = 60 / bucket.total_seconds()
+    throughput: dict[str, list[float]] = {"t": [float(s) for s in starts]}
+    for outcome in OUTCOMES:
+        throughput[outcome] = [0.0] * len(starts)
+    stmt = queries.throughput_stmt(window=window, bucket=bucket)
+    for start, status, count in conn.execute(stmt):
+        if start in index:
+            throughput[status][index[start]] = round(count * per_minute, 3)
+    wait: dict[str, list[float | None]] = {"t": [float(s) for s in starts]}
+    for name in ("count", *_PERCENTILE_NAMES):
+        wait[name] = [None] * len(starts)
+    for start, count, seconds in conn.execute(
+        queries.wait_percentiles_stmt(window=window, bucket=bucket)
+    ):
+        if start in index:
+            wait["count"][index[start]] = count
+            for name, value in zip(_PERCENTILE_NAMES, seconds, strict=True):
+                wait[name][index[start]] = round(value, 3)
+    return Overview(
+        now=now,
+        hours=hours,
+        bucket=bucket,
+        counts=[(q, k, by) for (q, k), by in pivot.items()],
+        totals=totals,
+        health=health,
+        throughput=throughput,
+        wait=wait,
+    )
+
+
+def _buckets(now: datetime, window: timedelta, bucket: timedelta) -> list[int]:
+    """Every bucket start (Unix seconds) from ``now - window`` to *now*, as the queries
+    round them."""
+    size = int(bucket.total_seconds())
+    first = int((now - window).timestamp()) // size * size
+    last = int(now.timestamp()) // size * size
+    return list(range(first, last + 1, size))
+
+
+@dataclass(frozen=True)
+class JobsPage:
+    """One page of the jobs list, newest first.
+
+    Attributes:
+        jobs: The rows (every column).
+        older: The id to pass as ``before`` for the next (older) page, or None.
+        newer: The id to pass as ``after`` for the previous (newer) page, or None.
+    """
+
+    jobs: list[Row[Any]]
+    older: int | None
+    newer: int | None
+
+
+def jobs_page(
+    conn: Connection,
+    *,
+    statuses: Sequence[JobStatus],
+    kind: str | None,
+    queue: str | None,
+    since: timedelta | None,
+    limit: int,
+    before: int | None = None,
+    after: int | None = None,
+) -> JobsPage:
+    """One page of jobs matching the filters (those of ``sqlaq list``), by keyset:
+    ids below *before*, or the *limit* ids just above *after*, never an OFFSET."""
+    filters = {"statuses": statuses, "kind": kind, "queue": queue, "since": since}
+    if after is not None:
+        stmt = queries.find_jobs_stmt(**filters, after_id=after, limit=limit + 1)
+        rows = list(conn.execute(stmt))
+        more_newer = len(rows) > limit
+        rows = rows[:limit][::-1]
+        newer = rows[0].id if rows and more_newer else None
+        return JobsPage(rows, older=rows[-1].id if rows else after + 1, newer=newer)
+    stmt = queries.find_jobs_stmt(**filters, after_id=before, limit=limit + 1, newest_first=True)
+    rows = list(conn.execute(stmt))
+    older = rows[limit - 1].id if len(rows) > limit else None
+    rows = rows[:limit]
+    newer = rows[0].id if rows and before is not None else None
+    return JobsPage(rows, older=older, newer=newer)
+
+
+def job(conn: Connection, job_id: int) -> dict[str, Any] | None:
+    """Every column of job *job_id* (None if there is none), with ``payload_text``, the
+    payload as indented JSON, and ``result_text`` when the table has a ``result``
+    column (a newer schema may) and it holds a value."""
+    row = conn.execute(queries.get_job_stmt(job_id=job_id)).first()
+    if row is None:
+        return None
+    data = dict(row._mapping)
+    data["payload_text"] = json.dumps(data["payload"], indent=2, ensure_ascii=False)
+    result = data.get("result")
+    data["result_text"] = (
+        None if result is None else json.dumps(result, indent=2, ensure_ascii=False)
+    )
+    data["finished"] = data["status"] in FINISHED_STATUSES
+    return data
+
+
+def failure_groups(
+    conn: Connection, *, since: timedelta | None, kind: str | None = None, error: str | None = None
+) -> list[Row[Any]]:
+    """Failed jobs grouped by kind and first error line (see
+    :func:`sqlaq.queries.failure_groups_stmt`), largest first, at most 200 groups."""
+    stmt = queries.failure_groups_stmt(since=since, kind=kind, error=error, limit=200)
+    return list(conn.execute(stmt))
+
+
+@dataclass(frozen=True)
+class Workers:
+    """The workers page.
+
+    Attributes:
+        kinds: Per kind running or limited: ``kind, running, expired, workers,
+            oldest, concurrency`` (the registry's limit, or None).
+        workers: Per worker holding running jobs (see
+            :func:`sqlaq.queries.running_workers_stmt`).
+        rates: Per rate-limited kind with a start log: ``kind, logged, newest, recent,
+            rate`` (the registry's, or None).
+    """
+
+    kinds: list[dict[str, Any]]
+    workers: list[Row[Any]]
+    rates: list[dict[str, Any]]
+
+
+def workers(conn: Connection, registry: Registry | None) -> Workers:
+    """Read the concurrency each kind uses, the workers holding jobs and the rate logs;
+    with *registry*, beside each kind's limits (kinds limited but idle included)."""
+    handlers = {h.kind: h for h in registry} if registry is not None else {}
+    kinds = {row.kind: dict(row._mapping) for row in conn.execute(queries.running_by_kind_stmt())}
+    for kind, handler in handlers.items():
+        if handler.concurrency is not None and kind not in kinds:
+            kinds[kind] = {"kind": kind, "running": 0, "expired": 0, "workers": 0, "oldest": None}
+    for kind, values in kinds.items():
+        handler = handlers.get(kind)
+        values["concurrency"] = handler.concurrency if handler else None
+    periods = {k: h.rate.period for k, h in handlers.items() if h.rate is not None}
+    rates = []
+    for row in conn.execute(queries.rate_logs_stmt(periods=periods)):
+        values = dict(row._mapping)
+        handler = handlers.get(row.kind)
+        values["rate"] = handler.rate if handler else None
+        rates.append(values)
+    workers_ = list(conn.execute(queries.running_workers_stmt()))
+    return Workers([kinds[k] for k in sorted(kinds)], workers_, rates)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One periodic schedule: its ``sqlaq_periodic`` row and, with a registry, what it
+    declares. ``next_slot`` is known only from the registry's schedule."""
+
+    name: str
+    last_slot: datetime | None
+    updated_at: datetime | None
+    expression: str | None = None
+    kind: str | None = None
+    next_slot: datetime | None = None
+
+
+def schedules(conn: Connection, registry: Registry | None) -> list[Schedule]:
+    """Every periodic schedule with a row, and with *registry* every one it declares
+    (a declared schedule no worker has seen yet has no row)."""
+    now = conn.execute(queries.clock_stmt()).scalar_one()
+    rows = {row.name: row for row in conn.execute(queries.periodic_slots_stmt())}
+    declared = {p.name: p for p in registry.periodics} if registry is not None else {}
+    found = []
+    for name in sorted(set(rows) | set(declared)):
+        row, periodic = rows.get(name), declared.get(name)
+        found.append(
+            Schedule(
+                name=name,
+                last_slot=row.last_slot if row else None,
+                updated_at=row.updated_at if row else None,
+                expression=periodic.schedule.expression if periodic else None,
+                kind=periodic.kind if periodic else None,
+                next_slot=periodic.schedule.next_after(now) if periodic else None,
+            )
+        )
+    return found
