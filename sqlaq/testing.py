@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from sqlaq import ops, queries
 from sqlaq.context import JobContext, bind, unbind
+from sqlaq.encoding import check_duration
 from sqlaq.lease import Lease
 from sqlaq.outcome import decide
 from sqlaq.registry import Registry
@@ -185,6 +186,27 @@ def _run(
 
 async def _await(outcome: Any) -> Any:
     return await outcome
+
+
+def travel(conn: ops.Executor, by: timedelta) -> None:
+    """Move the queue's clock forward by *by*, in the test's transaction, without waiting.
+
+    PostgreSQL's ``now()`` is the queue's only clock and does not move within a
+    transaction, so instead every time the queue stores moves *by* into the past: due
+    times (a retry's backoff, a snooze, a delay, a lease), creation and finish times
+    (retention), the start log of rate limits and the last slot of periodic schedules.
+    Everything sqlaq compares with ``now()`` then behaves as if *by* had passed; a
+    periodic schedule's slots are named after the shifted times.
+
+    Example: ``drain(conn, registry)`` fails a job with a one-hour backoff; then
+    ``travel(conn, timedelta(hours=1))`` and ``drain(conn, registry)`` runs it again.
+
+    Raises:
+        InvalidJobError: *by* is not a non-negative timedelta of at most 100 years.
+    """
+    check_duration("by", by)
+    for statement in queries.travel_stmts(by=by):
+        conn.execute(statement)
 
 
 def enqueued_jobs(

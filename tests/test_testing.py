@@ -105,3 +105,56 @@ def test_drain_writes_a_snooze_without_using_the_attempt(conn: Connection) -> No
     assert result.error is None
     row = job_row(conn, job_id)
     assert (row.status, row.attempts, row.last_error) == ("queued", 0, None)
+
+
+def test_travel_drives_a_retry_with_backoff_without_a_sleep(conn: Connection) -> None:
+    from sqlaq.testing import travel
+
+    registry = sqlaq.Registry()
+    attempts: list[int] = []
+
+    @registry.handler("later", wait=sqlaq.Backoff(base=timedelta(hours=1), jitter=0))
+    def later(payload: dict[str, Any]) -> None:
+        attempts.append(sqlaq.current_job().attempt)
+        if len(attempts) < 3:
+            raise OSError("not yet")
+
+    sqlaq.enqueue(conn, "later")
+    assert [r.status for r in drain(conn, registry)] == [JobStatus.QUEUED]
+    travel(conn, timedelta(minutes=59))
+    assert drain(conn, registry) == []  # the backoff is an hour
+    travel(conn, timedelta(minutes=1))
+    assert [r.status for r in drain(conn, registry)] == [JobStatus.QUEUED]
+    travel(conn, timedelta(hours=2))  # the second backoff: two hours
+    assert [r.status for r in drain(conn, registry)] == [JobStatus.DONE]
+    assert attempts == [1, 2, 3]
+
+
+def test_travel_makes_a_periodic_slot_due(conn: Connection) -> None:
+    from sqlaq.testing import travel
+
+    registry = sqlaq.Registry()
+    ticks: list[int] = []
+
+    @registry.periodic("0 * * * *", kind="hourly")
+    def hourly(payload: dict[str, Any]) -> None:
+        ticks.append(1)
+
+    assert sqlaq.enqueue_periodic(conn, registry.periodics) == []  # first sight
+    travel(conn, timedelta(hours=1))
+    assert len(sqlaq.enqueue_periodic(conn, registry.periodics)) == 1
+    assert [r.status for r in drain(conn, registry)] == [JobStatus.DONE]
+    assert sqlaq.enqueue_periodic(conn, registry.periodics) == []
+    travel(conn, timedelta(hours=3))  # three slots passed: missed ones are not backfilled
+    assert len(sqlaq.enqueue_periodic(conn, registry.periodics)) == 1
+    assert [r.status for r in drain(conn, registry)] == [JobStatus.DONE]
+    assert ticks == [1, 1]
+
+
+def test_travel_refuses_a_negative_or_huge_jump(conn: Connection) -> None:
+    from sqlaq.testing import travel
+
+    with pytest.raises(sqlaq.InvalidJobError, match="zero or more"):
+        travel(conn, timedelta(seconds=-1))
+    with pytest.raises(sqlaq.InvalidJobError, match="at most 100 years"):
+        travel(conn, timedelta(days=40000))
