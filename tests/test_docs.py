@@ -552,6 +552,55 @@ class ReportPages:
             _wait_for(lambda: job.cancelled, "the cancel to reach the handler")
 
 
+class _WorkingRegistry(sqlaq.Registry):
+    """A registry that starts a real worker, in a thread, on its first ``enqueue``: the
+    sample's handler is registered by then, and the worker claims the job once the
+    sample's transaction commits."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self.engine = engine
+        self.worker: sqlaq.Worker | None = None
+        self.thread: threading.Thread | None = None
+
+    def enqueue(self, conn: Any, kind: str, payload: Any = None, **options: Any) -> Any:
+        if self.worker is None:
+            self.worker = sqlaq.Worker(self.engine, self, concurrency=1, maintenance=False)
+            self.thread = threading.Thread(target=self.worker.run, daemon=True)
+            self.thread.start()
+        return super().enqueue(conn, kind, payload, **options)
+
+
+@prelude("results")
+def results_prelude(
+    committed: Engine, capsys: pytest.CaptureFixture[str]
+) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database, a ``renderer`` stub, and a ``registry`` that
+    runs a real worker once the sample enqueues; then the stored result is checked."""
+    rendered: list[int] = []
+
+    def render(report_id: int) -> SimpleNamespace:
+        rendered.append(report_id)
+        return SimpleNamespace(url=f"https://reports.example/{report_id}.pdf", pages=12)
+
+    registry = _WorkingRegistry(committed)
+    namespace = _jobs_module(
+        engine=committed, registry=registry, renderer=SimpleNamespace(render=render)
+    )
+    try:
+        yield namespace
+    finally:
+        if registry.worker is not None:
+            registry.worker.stop(now=True)
+        if registry.thread is not None:
+            registry.thread.join(10)
+    assert rendered == [7]
+    assert capsys.readouterr().out.splitlines() == ["https://reports.example/7.pdf"]
+    with committed.connect() as conn:
+        stored = conn.execute(text("SELECT status, result FROM sqlaq_jobs")).one()
+    assert tuple(stored) == ("done", {"url": "https://reports.example/7.pdf", "pages": 12})
+
+
 @prelude("cancel")
 def cancel_prelude(committed: Engine, caplog: pytest.LogCaptureFixture) -> Iterator[dict[str, Any]]:
     """``engine`` on the test database, ``log``, and ``report_pages`` and ``render``;
