@@ -190,7 +190,7 @@ def test_enqueue_and_its_dedupe(database_url: str, committed: Engine) -> None:
         (["enqueue", "k", "--payload", '{"x": NaN}'], "NaN is not JSON"),
         (["enqueue", "", "--payload", "{}"], "kind must be a non-empty name"),
         (["prune", "--done-older-than", "soon"], "invalid duration 'soon'"),
-        (["list", "--status", "sleeping"], "invalid status 'sleeping'"),
+        (["list", "--status", "sleeping"], "--status: invalid choice 'sleeping'"),
         (["retry"], "give job ids, or --all with filters"),
         (["cancel", "1", "--all"], "give job ids, or --all with filters"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
