@@ -59,7 +59,7 @@ def bench(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def types(session: nox.Session) -> None:
     """mypy --strict over the package."""
-    session.install("-e", ".[prometheus,embedded]", "mypy")
+    session.install("-e", ".[prometheus,embedded]", "mypy", "pytest")
     session.run("mypy")
 
 

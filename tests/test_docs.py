@@ -601,6 +601,34 @@ def results_prelude(
     assert tuple(stored) == ("done", {"url": "https://reports.example/7.pdf", "pages": 12})
 
 
+@prelude("transactional")
+def transactional_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database, a host table ``invoices`` mapped as ``Invoice``
+    (ORM), and a fresh ``registry``; then the invoice and the job's ``done`` are checked
+    to have committed together, the invoice's id stored as the job's result."""
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Invoice(Base):
+        __tablename__ = "docs_invoices"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        order_id: Mapped[int]
+        total: Mapped[int]
+
+    Base.metadata.create_all(committed)
+    try:
+        yield _jobs_module(engine=committed, Invoice=Invoice)
+        with committed.connect() as conn:
+            invoices = conn.execute(text("SELECT id, order_id, total FROM docs_invoices"))
+            (invoice,) = invoices.all()
+            job = conn.execute(text("SELECT status, result FROM sqlaq_jobs")).one()
+        assert tuple(invoice)[1:] == (7, 120)
+        assert tuple(job) == ("done", invoice.id)
+    finally:
+        Base.metadata.drop_all(committed)
+
+
 @prelude("cancel")
 def cancel_prelude(committed: Engine, caplog: pytest.LogCaptureFixture) -> Iterator[dict[str, Any]]:
     """``engine`` on the test database, ``log``, and ``report_pages`` and ``render``;
