@@ -70,20 +70,27 @@ FLOOR = re.compile(r"^\s*([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*>=\s*([^,;\s]+)\s*$")
 
 
 def floor_pins() -> list[str]:
-    """``name==X`` for every ``name>=X`` in pyproject.toml's dependencies and its
-    ``test``, ``embedded`` and ``prometheus`` extras (the ones the suite installs)."""
+    """``name==X`` for every ``name>=X`` that ``pip install .[test]`` installs directly:
+    pyproject.toml's dependencies, its ``test`` extra, and the extras that one names
+    (``sqlaq[embedded]``...)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    requirements = [*project["dependencies"]]
-    for extra in ("test", "embedded", "prometheus"):
-        requirements += extras.get(extra, [])
+    requirements, todo, seen = [*project["dependencies"]], ["test"], set()
+    while todo:
+        extra = todo.pop()
+        seen.add(extra)
+        for requirement in extras[extra]:
+            own = re.fullmatch(r"\s*sqlaq\[([^\]]+)\]\s*", requirement)
+            if own:
+                todo += [e.strip() for e in own[1].split(",") if e.strip() not in seen]
+            else:
+                requirements.append(requirement)
     pins = {}
     for requirement in requirements:
         match = FLOOR.match(requirement)
-        if match and match.group(1).lower() != "sqlaq":
-            pins[match.group(1).lower()] = f"{match.group(1)}=={match.group(3)}"
-        elif not requirement.lower().startswith("sqlaq["):
+        if not match:
             raise ValueError(f"pyproject.toml: {requirement!r} has no >= floor to pin")
+        pins[match[1].lower()] = f"{match[1]}=={match[3]}"
     return sorted(pins.values())
 
 
@@ -91,9 +98,9 @@ def floor_pins() -> list[str]:
 def minimums(session: nox.Session) -> None:
     """The suite with every direct dependency at its floor in pyproject.toml.
 
-    A constraints file pins each ``>=X`` of the runtime dependencies and of the test,
-    embedded and prometheus extras to ``==X`` (their own dependencies resolve as usual),
-    so the floors are proven to install together and to pass. Arguments go to pytest.
+    A constraints file pins each ``>=X`` that ``.[test]`` installs directly (see
+    :func:`floor_pins`) to ``==X``; their own dependencies resolve as usual. So the
+    floors are proven to install together and to pass. Arguments go to pytest.
     """
     constraints = Path(session.create_tmp()) / "minimums.txt"
     constraints.write_text("\n".join(floor_pins()) + "\n")
