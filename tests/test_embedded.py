@@ -10,6 +10,8 @@ they see of each other.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +30,8 @@ from sqlalchemy.pool import NullPool
 from workerkit import wait_until
 
 from sqlaq import embedded
+
+ROOT = Path(__file__).resolve().parent.parent
 
 #: A process that takes the server of argv[1], prints its URL and the postmaster's pid
 #: as one JSON line, then waits for its stdin to close before exiting.
@@ -241,3 +245,22 @@ def test_an_unfinished_first_start_is_redone(folder: Path) -> None:
     (folder / "pgdata" / "PG_VERSION").write_text("18\n")  # initdb killed half-way
     url = embedded.database_url(folder)
     assert query(url, "SELECT current_database()") == "sqlaq"
+
+
+def test_the_quickstart_runs_on_the_embedded_server_when_no_url_is_set(folder: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in {"SQLAQ_DATABASE_URL", "DATABASE_URL"}}
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        cwd=ROOT,
+        env={**env, "SQLAQ_EMBEDDED_DIR": str(folder)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^job \d+ is done$", run.stdout, re.MULTILINE), run.stdout
+    assert "embedded PostgreSQL 18." in run.stderr
+    assert " started: postgresql+psycopg://postgres@/sqlaq?host=" in run.stderr
+    assert "embedded PostgreSQL stopped" in run.stderr  # it was the last (only) user
+    assert embedded.server_pid(folder) is None
