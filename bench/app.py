@@ -32,6 +32,12 @@ def noop(_payload: dict[str, Any]) -> None:
     _runs.append((sqlaq.current_job().id, "noop", 0.0))
 
 
+@registry.handler("txn_noop")
+def txn_noop(_payload: dict[str, Any], session: Any) -> None:
+    """Does nothing, in the job's transaction: what a transactional handler costs."""
+    _runs.append((sqlaq.current_job().id, "txn_noop", 0.0))
+
+
 @registry.handler("sleep10")
 def sleep10(_payload: dict[str, Any]) -> None:
     """Waits 10 ms, like a handler waiting on I/O (the GIL is released meanwhile)."""

@@ -278,6 +278,17 @@ def drain(b: Bench) -> None:
         b.record(f"8. worker peak RSS, drain no-op, {label} (MiB)", run.max_rss_mib)
 
 
+def drain_transactional(b: Bench) -> None:
+    """12. drain 20,000 no-op jobs, plain and transactional (each in a transaction of its
+    own, completed there), at the same settings, one after the other."""
+    args = ["--concurrency", "50", *QUIET]
+    for kind, label in (("noop", "plain"), ("txn_noop", "transactional")):
+        b.fill(kind, DRAIN_JOBS)
+        with worker(b, "--burst", *args) as wait:
+            run = wait(300)
+        b.record(f"12. drain no-op, {label}, --concurrency 50 (jobs/s)", drained(b, kind, run))
+
+
 def drain_sleep(b: Bench) -> None:
     """4. drain 20,000 jobs whose handler sleeps 10 ms, at concurrency 100: claiming for
     free slots only (the default), and with jobs prefetched for the slots to come."""
@@ -573,6 +584,7 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "enqueue_single": enqueue_single,
     "enqueue_bulk": enqueue_bulk,
     "drain": drain,
+    "drain_transactional": drain_transactional,
     "raw_baseline": raw_baseline,
     "drain_sleep": drain_sleep,
     "thread_ceiling": thread_ceiling,
