@@ -259,3 +259,29 @@ def test_return_values_are_stored_as_results(effects: Engine) -> None:
     assert "return value cannot be stored" in (outcomes[2].error or "")
     assert job(effects, ids[2]).attempts == 1
     assert effect_rows(effects) == [(ids[1], "kept")]
+
+
+def test_an_async_transactional_handler_commits_with_its_job(effects: Engine) -> None:
+    """An ``async def`` handler with a session gets an AsyncSession (on an AsyncEngine
+    the worker opens on the same URL), and its write commits with the job's done."""
+    registry = sqlaq.Registry()
+    recorder = Recorder()
+    kinds: list[str] = []
+
+    @registry.handler("async_charge")
+    async def async_charge(payload: dict[str, Any], session: Any) -> str:
+        kinds.append(type(session).__name__)
+        await session.execute(
+            text(f"INSERT INTO {EFFECTS} (job_id, note) VALUES (:id, 'async')"),
+            {"id": sqlaq.current_job().id},
+        )
+        return "ok"
+
+    job_id = enqueue(effects, "async_charge")
+    with running(fast_worker(effects, registry, recorder)):
+        (result,) = recorder.wait_for(1)
+    assert result.status is sqlaq.JobStatus.DONE
+    assert kinds == ["AsyncSession"]
+    assert effect_rows(effects) == [(job_id, "async")]
+    with effects.connect() as conn:
+        assert sqlaq.result(conn, job_id).result == "ok"
