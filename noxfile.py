@@ -57,9 +57,33 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def browser(session: nox.Session) -> None:
+    """The dashboard in a real browser (tests/test_dashboard_browser.py): headless
+    Chromium from Debian's package, installed here when missing (needs root and apt),
+    driven by Playwright; saves the README's screenshot, docs/dashboard.png.
+
+    Not in the default sessions: ``nox -s tests`` skips these tests, so it needs no
+    browser. Arguments go to pytest.
+    """
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        session.run(
+            "sh", "-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive"
+            " apt-get install -y -qq chromium", external=True,
+        )  # fmt: skip
+        chromium = shutil.which("chromium") or session.error("chromium did not install")
+    session.install("-e", ".[test,browser]")
+    env = {"SQLAQ_BROWSER": chromium, "SQLAQ_DASHBOARD_SCREENSHOT": "docs/dashboard.png"}
+    session.run(
+        "pytest", "-p", "no:cacheprovider", "tests/test_dashboard_browser.py", *session.posargs,
+        env=env,
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
 def types(session: nox.Session) -> None:
     """mypy --strict over the package."""
-    session.install("-e", ".[prometheus,embedded]", "mypy", "pytest")
+    session.install("-e", ".[prometheus,embedded,dashboard]", "mypy", "pytest")
     session.run("mypy")
 
 

@@ -27,6 +27,7 @@ Scenarios (bench/RESULTS.md explains each figure):
 8. peak RSS of each worker process (its ``VmHWM`` at exit), recorded by (3), (4), (5).
 9. ``limits``          what per-kind limits cost: a claim of 10 plain and under limits,
                        and a drain of a kind with a concurrency limit and a rate.
+14. ``dashboard``      the dashboard's queries on 1,000,000 finished rows (bench/dashboard.py).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import sqlaq  # noqa: E402 - after the path is set, for a run from a clean clone
+from bench import dashboard as dashboard_scenario  # noqa: E402
 from sqlaq import NewJob  # noqa: E402
 from sqlaq.ops import DEFAULT_LEASE  # noqa: E402
 
@@ -592,6 +594,7 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "claim_latency": claim_latency,
     "ops_loop": ops_loop,
     "limits": limits,
+    "dashboard": dashboard_scenario.dashboard,
 }
 
 
@@ -628,6 +631,7 @@ TARGETS: list[tuple[str, str, float]] = [
     ("5. wake-up, commit to handler start: p99 (ms)", "<", 10),
     ("6. claim p50, 1M finished / empty table", "<=", 1.5),
     (SLEEP_BEST_RSS, "<", 80),
+    *dashboard_scenario.TARGETS,
 ]
 
 

@@ -46,7 +46,8 @@
       tzDate: utc,
       cursor: { points: { size: 6 } },
       scales: { y: { range: function (u, min, max) { return [0, Math.max(1, max * 1.1)]; } } },
-      axes: [{}, { size: 60, values: function (u, ticks) { return ticks.map(function (t) { return +t.toFixed(2); }); } }],
+      legend: { live: false },
+      axes: [{ values: function (u, ticks) { return ticks.map(function (t) { return stamp(t).slice(11, 16); }); } }, { size: 60, values: function (u, ticks) { return ticks.map(function (t) { return +t.toFixed(2); }); } }],
       series: [{ value: "{YYYY}-{MM}-{DD} {HH}:{mm} UTC" }].concat(spec.series.map(function (s) {
         return { label: s[0], stroke: s[1], width: 1.5, spanGaps: false, points: { show: false }, value: function (u, v) { return spec.unit(v); } };
       })),
