@@ -10,7 +10,7 @@ come from Starlette's ``QueryParams`` and ``FormData``, or any ``Mapping`` of li
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
@@ -60,21 +60,28 @@ class BadInput(ValueError):
 class Params(Protocol):
     """What Starlette's ``QueryParams`` and ``FormData`` both offer."""
 
-    def get(self, key: str, default: Any = None) -> Any: ...
+    def get(self, key: str, /) -> Any: ...
 
-    def getlist(self, key: str) -> list[Any]: ...
+    def getlist(self, key: str, /) -> list[Any]: ...
 
 
-def _value(params: Params, name: str, domain: Domain[T], default: T) -> T:
+def _optional(params: Params, name: str, domain: Domain[T]) -> T | None:
+    """Field *name* parsed with *domain*; None when absent or blank (an empty field of a
+    GET form is no filter)."""
     text = params.get(name)
     if text is None or (isinstance(text, str) and not text.strip()):
-        return default  # an empty field of a GET form is no filter
+        return None
     if not isinstance(text, str):
         raise BadInput(f"{name}: expected text, got a file")
     try:
         return domain.parse(text, name)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
+
+
+def _value(params: Params, name: str, domain: Domain[T], default: T) -> T:
+    found = _optional(params, name, domain)
+    return default if found is None else found
 
 
 def hours(params: Params) -> int:
@@ -140,15 +147,15 @@ def _statuses(values: Sequence[Any]) -> tuple[JobStatus, ...]:
 def job_filter(params: Params) -> JobFilter:
     """The jobs list's filters: ``status`` (repeatable), ``kind``, ``queue``, ``since``
     (a duration), ``limit`` (1 to 500) and ``before`` or ``after`` (ids)."""
-    before = _value(params, "before", _ID, None)
-    after = _value(params, "after", _ID, None)
+    before = _optional(params, "before", _ID)
+    after = _optional(params, "after", _ID)
     if before is not None and after is not None:
         raise BadInput("before and after: give one of them, not both")
-    since = _value(params, "since", Duration(), None)
+    since = _optional(params, "since", Duration())
     return JobFilter(
         statuses=_statuses(params.getlist("status")),
-        kind=_value(params, "kind", Text(), None),
-        queue=_value(params, "queue", Text(), None),
+        kind=_optional(params, "kind", Text()),
+        queue=_optional(params, "queue", Text()),
         since=since,
         limit=_value(params, "limit", _LIMIT, 50),
         before=before,
@@ -181,7 +188,7 @@ class FailureGroup:
 
 def failure_group(params: Params) -> FailureGroup:
     """``kind`` and ``error`` (both required; the error may be empty) and ``since``."""
-    kind = _value(params, "kind", Text(), None)
+    kind = _optional(params, "kind", Text())
     if kind is None:
         raise BadInput("kind: required")
     error = params.get("error")
@@ -208,7 +215,7 @@ def prune_ages(params: Params) -> dict[JobStatus, timedelta]:
     return ages
 
 
-def confirmed(form: Mapping[str, Any] | Params) -> bool:
+def confirmed(form: Params) -> bool:
     """Whether the form carries ``confirm=yes`` (what every bulk action's confirmation
     page sends)."""
-    return form.get("confirm") == "yes"
+    return bool(form.get("confirm") == "yes")

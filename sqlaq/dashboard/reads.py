@@ -166,16 +166,25 @@ def jobs_page(
 ) -> JobsPage:
     """One page of jobs matching the filters (those of ``sqlaq list``), by keyset:
     ids below *before*, or the *limit* ids just above *after*, never an OFFSET."""
-    filters = {"statuses": statuses, "kind": kind, "queue": queue, "since": since}
+    def find(after_id: int | None, newest_first: bool) -> list[Row[Any]]:
+        stmt = queries.find_jobs_stmt(
+            statuses=statuses,
+            kind=kind,
+            queue=queue,
+            since=since,
+            after_id=after_id,
+            limit=limit + 1,
+            newest_first=newest_first,
+        )
+        return list(conn.execute(stmt))
+
     if after is not None:
-        stmt = queries.find_jobs_stmt(**filters, after_id=after, limit=limit + 1)
-        rows = list(conn.execute(stmt))
+        rows = find(after, newest_first=False)
         more_newer = len(rows) > limit
         rows = rows[:limit][::-1]
         newer = rows[0].id if rows and more_newer else None
         return JobsPage(rows, older=rows[-1].id if rows else after + 1, newer=newer)
-    stmt = queries.find_jobs_stmt(**filters, after_id=before, limit=limit + 1, newest_first=True)
-    rows = list(conn.execute(stmt))
+    rows = find(before, newest_first=True)
     older = rows[limit - 1].id if len(rows) > limit else None
     rows = rows[:limit]
     newer = rows[0].id if rows and before is not None else None
@@ -235,14 +244,14 @@ def workers(conn: Connection, registry: Registry | None) -> Workers:
         if handler.concurrency is not None and kind not in kinds:
             kinds[kind] = {"kind": kind, "running": 0, "expired": 0, "workers": 0, "oldest": None}
     for kind, values in kinds.items():
-        handler = handlers.get(kind)
-        values["concurrency"] = handler.concurrency if handler else None
+        limited = handlers.get(kind)
+        values["concurrency"] = limited.concurrency if limited else None
     periods = {k: h.rate.period for k, h in handlers.items() if h.rate is not None}
     rates = []
     for row in conn.execute(queries.rate_logs_stmt(periods=periods)):
         values = dict(row._mapping)
-        handler = handlers.get(row.kind)
-        values["rate"] = handler.rate if handler else None
+        limited = handlers.get(row.kind)
+        values["rate"] = limited.rate if limited else None
         rates.append(values)
     workers_ = list(conn.execute(queries.running_workers_stmt()))
     return Workers([kinds[k] for k in sorted(kinds)], workers_, rates)
