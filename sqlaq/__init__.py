@@ -14,6 +14,7 @@ from sqlaq.encoding import NewJob
 from sqlaq.errors import (
     ConfigError,
     InvalidJobError,
+    JobTimeoutError,
     LeaseLostError,
     PermanentError,
     SchemaOutOfDateError,
@@ -63,6 +64,7 @@ __all__ = [
     "JobOutcome",
     "JobResult",
     "JobStatus",
+    "JobTimeoutError",
     "Lease",
     "LeaseLostError",
     "LimitedClaim",

@@ -8,6 +8,7 @@
     ├── LeaseLostError                  a fenced update matched no row; .job_ids
     ├── SchemaOutOfDateError            the database is not at sqlaq's head
     ├── PermanentError                  raised by a handler: fail now, no retry
+    ├── JobTimeoutError (TimeoutError)  an attempt ran past its handler's timeout
     └── Snooze                          raised by a handler: run again later, no attempt used
 
 SQLAlchemy's own exceptions (``sqlalchemy.exc.*``) are never wrapped: they carry the
@@ -79,6 +80,15 @@ class SchemaOutOfDateError(SqlaqError):
 
 class PermanentError(SqlaqError):
     """Raised by a handler to fail its job at once, without retrying."""
+
+
+class JobTimeoutError(SqlaqError, TimeoutError):
+    """An attempt ran past its handler's ``timeout``: what its ``last_error`` names.
+
+    Never raised into a sync handler (Python cannot interrupt a thread); an ``async``
+    handler is cancelled at the deadline. Retried per the handler's policy like any
+    failure.
+    """
 
 
 class Snooze(SqlaqError):

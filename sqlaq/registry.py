@@ -26,7 +26,7 @@ import tenacity
 
 from sqlaq import ops
 from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
-from sqlaq.bounds import clamp_duration, duration_from_seconds
+from sqlaq.bounds import MAX_DURATION, clamp_duration, duration_from_seconds
 from sqlaq.encoding import NewJob, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, PermanentError
 from sqlaq.limits import Rate
@@ -75,6 +75,7 @@ class Handler:
         transaction: The handler runs in the job's transaction: its writes commit with
             the job's completion (see :meth:`Registry.handler`).
         takes_session: It declares a ``session`` parameter, passed by keyword.
+        timeout: How long one attempt may run, or None for no limit.
     """
 
     kind: str
@@ -88,6 +89,7 @@ class Handler:
     rate: Rate | None = None
     transaction: bool = False
     takes_session: bool = False
+    timeout: timedelta | None = None
 
     @property
     def limited(self) -> bool:
@@ -144,6 +146,7 @@ class Registry:
         concurrency: int | None = None,
         rate: Rate | str | None = None,
         transaction: bool | None = None,
+        timeout: timedelta | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of *kind*.
 
@@ -174,6 +177,14 @@ class Registry:
                 then commits: its writes and the job's ``done`` commit together, or not
                 at all. Default: True when the function has a parameter named
                 ``session``.
+            timeout: How long one attempt may run. An ``async`` handler is cancelled
+                at the deadline; a sync one cannot be interrupted (Python has no way to
+                stop a thread), so at the deadline its attempt is recorded as timed out
+                (retried or failed per *retry* and *wait*, its ``last_error`` saying
+                "timed out after ..."), due again no sooner than its lease length, so
+                another worker takes it only once the lease it held has run out; its
+                slot stays taken until the thread returns, and whatever it returns
+                then is not written.
 
         Raises:
             ConfigError: the kind is not a usable name or is already registered, or an
@@ -191,6 +202,7 @@ class Registry:
                 concurrency=concurrency,
                 rate=rate,
                 transaction=transaction,
+                timeout=timeout,
             )
             return func
 
@@ -313,6 +325,7 @@ class Registry:
         concurrency: int | None = None,
         rate: Rate | str | None = None,
         transaction: bool | None = None,
+        timeout: timedelta | None = None,
     ) -> Handler:
         """Register *func* as the handler of *kind*; the non-decorator form of
         :meth:`handler`, with the same arguments.
@@ -341,6 +354,7 @@ class Registry:
             rate=_check_rate(kind, rate),
             transaction=_check_transaction(kind, transaction, takes_session),
             takes_session=takes_session,
+            timeout=_check_timeout(kind, timeout),
         )
         self._handlers[kind] = entry
         return entry
@@ -427,6 +441,17 @@ def _check_transaction(kind: str, value: object, takes_session: bool) -> bool:
         raise ConfigError(
             f"the handler of {kind!r} takes a session parameter but transaction=False: "
             "drop the parameter, or let it run in the job's transaction"
+        )
+    return value
+
+
+def _check_timeout(kind: str, value: object) -> timedelta | None:
+    if value is None:
+        return None
+    if not isinstance(value, timedelta) or not timedelta(0) < value <= MAX_DURATION:
+        raise ConfigError(
+            f"timeout of {kind!r} must be a timedelta above 0 and at most 100 years, "
+            f"got {value!r}"
         )
     return value
 

@@ -91,7 +91,8 @@ def test_four_workers_times_4000_jobs_each_run_exactly_once(
         "SELECT count(*), count(DISTINCT job_id), count(DISTINCT pid), max(attempt) "
         "FROM sqlaq_test_ledger",
     )[0]
-    assert tuple(runs) == (total, total, 4, 1)
+    retried = rows(ledger, "SELECT id, attempts, last_error FROM sqlaq_jobs WHERE attempts > 1")
+    assert tuple(runs) == (total, total, 4, 1), retried[:5]
     per_worker = rows(ledger, "SELECT count(*) FROM sqlaq_test_ledger GROUP BY pid")
     assert all(row[0] > 0 for row in per_worker)
     assert scalar(ledger, "SELECT count(*) FROM sqlaq_jobs WHERE status <> 'done'") == 0

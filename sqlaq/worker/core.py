@@ -33,6 +33,8 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
@@ -46,14 +48,14 @@ from sqlaq.errors import ConfigError
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlaq.maintenance import Maintenance
-from sqlaq.outcome import Outcome, Verdict
+from sqlaq.outcome import Outcome, Verdict, decide
 from sqlaq.registry import Registry
 from sqlaq.schema import CANCEL_CHANNEL, CHANNEL
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
 from sqlaq.worker.fetcher import Fetcher
 from sqlaq.worker.leases import Leases
 from sqlaq.worker.listener import Listener, connection_params
-from sqlaq.worker.run import Finished, JobResult, Run
+from sqlaq.worker.run import Finished, JobResult, Run, timed_out
 from sqlaq.worker.runner import Runner
 from sqlaq.worker.transaction import Sessions
 from sqlaq.worker.writer import Batch, Writer, Written
@@ -306,6 +308,9 @@ class Worker:
             run = finished.run
             self._busy -= 1
             self._fetcher.finished(run.job.kind, run.job.queue)
+            if leases.late(run):  # timed out: its outcome was written at the deadline
+                _log.info("late result of a timed-out attempt dropped", extra=run.log_extra())
+                continue
             if finished.committed:  # a transactional handler's transaction wrote it
                 committed.append((finished, finished.outcome, finished.status))
                 continue
@@ -314,6 +319,24 @@ class Worker:
             self._unwritten.append((finished, leases.verdict(run) or finished.outcome))
         if committed:
             self._settle(committed)
+        for run in self._runner.expired(monotonic()):
+            self._time_out(run)
+
+    def _time_out(self, run: Run) -> None:
+        """*run*, a sync handler, is past its deadline and cannot be interrupted: write
+        its attempt as timed out now, due again no sooner than its lease length (so
+        another worker takes it only once the lease it held has run out); its slot
+        stays taken until the thread returns, and what it returns then is dropped."""
+        if self._leases.verdict(run) is not None or run.handler is None:
+            return  # its lease is gone already: nothing to write
+        timeout = run.handler.timeout or timedelta(0)
+        outcome = decide(run.handler, run.job, timed_out(timeout))
+        if outcome.verdict is Verdict.RETRY:
+            delay = max(outcome.delay or timedelta(0), run.context.lease_length)
+            outcome = replace(outcome, delay=delay)
+        self._leases.timed_out(run)
+        _log.warning("job timed out; its thread runs on", extra=run.log_extra())
+        self._unwritten.append((Finished(run, outcome, timeout.total_seconds()), outcome))
 
     def _dispatch(self, claimed: list[ops.ClaimedJob]) -> None:
         """Hold claimed jobs and hand them to the runner; a kind without a handler
@@ -420,6 +443,9 @@ class Worker:
         deadlines = [] if until is None else [until]
         if claimable:
             deadlines.append(self._fetcher.next_wake())
+        timeout = self._runner.next_deadline()
+        if timeout is not None:
+            deadlines.append(timeout)
         if self._leases and writing is None:
             deadlines.append(self._leases.next_renewal())  # (a busy writer wakes us)
         self._wake.wait(max(0.0, min(deadlines) - monotonic()) if deadlines else None)

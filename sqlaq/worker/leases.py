@@ -59,6 +59,7 @@ class Leases:
         self._held: dict[UUID, Run] = {}
         self._latest: dict[int, UUID] = {}  # job id -> token of its newest held run
         self._gone: dict[UUID, Outcome] = {}  # held runs whose lease is gone: LOST/CANCELLED
+        self._late: set[UUID] = set()  # timed out: their handler's own outcome is dropped
 
     def __len__(self) -> int:
         return len(self._held)
@@ -97,6 +98,18 @@ class Leases:
         if self._latest.get(run.job.id) == run.token:
             del self._latest[run.job.id]
 
+    def timed_out(self, run: Run) -> None:
+        """*run* ran past its timeout: its timed-out outcome is being written, its lease
+        is no longer renewed, and what its handler returns later is dropped."""
+        self._late.add(run.token)
+
+    def late(self, run: Run) -> bool:
+        """True (once) for the handler's own outcome of a run that timed out."""
+        if run.token in self._late:
+            self._late.discard(run.token)
+            return True
+        return False
+
     def verdict(self, run: Run) -> Outcome | None:
         """LOST or CANCELLED if *run*'s lease is known gone, else None."""
         return self._gone.get(run.token)
@@ -104,8 +117,12 @@ class Leases:
     def renewable(self, excluding: set[UUID]) -> list[Run]:
         """Held runs whose lease the heartbeat keeps: not gone, not in *excluding*
         (finished, their outcomes being written)."""
-        gone = self._gone
-        return [r for t, r in self._held.items() if t not in gone and t not in excluding]
+        gone, late = self._gone, self._late
+        return [
+            r
+            for t, r in self._held.items()
+            if t not in gone and t not in excluding and t not in late
+        ]
 
     # -- learning that a lease is gone -------------------------------------------------
 

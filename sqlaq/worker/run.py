@@ -9,19 +9,22 @@ everything the worker keeps in flight is keyed by the token.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
 from sqlaq.context import JobContext, LeaseRenewer
+from sqlaq.errors import JobTimeoutError
 from sqlaq.ops import ClaimedJob
 from sqlaq.outcome import Outcome, Verdict
 from sqlaq.registry import Handler
 from sqlaq.schema import JobStatus
 
-__all__ = ["Finished", "JobResult", "Run"]
+__all__ = ["Finished", "JobResult", "Run", "bounded", "timed_out"]
 
 #: Characters of an error's first line put in a log line.
 LOG_ERROR_LENGTH = 200
@@ -133,3 +136,27 @@ class Finished:
                 log.info("job failed, will retry", extra=extra)
             else:
                 log.info("job failed", extra=extra)
+
+
+def timed_out(timeout: timedelta) -> JobTimeoutError:
+    """The error an attempt that ran past *timeout* is failed with."""
+    return JobTimeoutError(f"timed out after {timeout.total_seconds():g}s")
+
+
+async def bounded(awaitable: Awaitable[object], timeout: timedelta | None) -> object:
+    """Await *awaitable*, cancelled at *timeout* (an ``async`` handler's deadline).
+
+    Raises:
+        JobTimeoutError: the deadline passed (a TimeoutError the handler raised itself
+            passes through as it is).
+    """
+    if timeout is None:
+        return await awaitable
+    deadline = asyncio.timeout(timeout.total_seconds())
+    try:
+        async with deadline:
+            return await awaitable
+    except TimeoutError:
+        if deadline.expired():
+            raise timed_out(timeout) from None
+        raise

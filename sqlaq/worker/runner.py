@@ -20,13 +20,15 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from time import perf_counter
+from datetime import timedelta
+from time import monotonic, perf_counter
 from typing import cast
+from uuid import UUID
 
 from sqlaq.context import bind, unbind
 from sqlaq.outcome import CANCELLED, decide
 from sqlaq.worker import transaction
-from sqlaq.worker.run import Finished, Run
+from sqlaq.worker.run import Finished, Run, bounded
 
 __all__ = ["Runner"]
 
@@ -60,6 +62,8 @@ class Runner:
     ) -> None:
         self._sessions = sessions
         self._async_sessions = async_sessions
+        self._deadlines: dict[UUID, tuple[float, Run]] = {}  # sync runs with a timeout
+        self._deadlines_lock = threading.Lock()
         self._size = size
         self._mixed = mixed
         self._on_finished = on_finished
@@ -202,29 +206,62 @@ class Runner:
     def _run_one(self, run: Run) -> None:
         if run.context.cancelled:  # cancelled while it waited: never started
             finished = Finished(run, CANCELLED, 0.0)
+        elif run.handler is not None and run.handler.timeout is not None:
+            finished = self._run_with_deadline(run, run.handler.timeout)
         elif run.handler is not None and run.handler.transaction:
             finished = transaction.run_sync(run, self._session_factory())
         else:
-            token = bind(run.context)
-            started = perf_counter()
-            error: BaseException | None = None
-            returned: object = None
-            try:
-                returned = run.handler.func(run.job.payload) if run.handler else None
-                if returned is not None and inspect.isawaitable(returned):
-                    # A sync callable that returned an awaitable (a wrapped coroutine
-                    # function): run it on the shared loop rather than a loop of its own.
-                    loop = self._ensure_loop()
-                    returned = asyncio.run_coroutine_threadsafe(_awaited(returned), loop).result()
-            except BaseException as exc:  # a handler's error never ends the slot thread
-                error = exc
-            finally:
-                unbind(token)
-            duration = perf_counter() - started
-            finished = Finished(run, decide(run.handler, run.job, error, returned), duration)
+            finished = self._call_sync(run)
         with self._count_lock:  # before reporting: the worker may refill the slot at once
             self._blocking -= 1
         self._on_finished(finished)
+
+    def _call_sync(self, run: Run) -> Finished:
+        token = bind(run.context)
+        started = perf_counter()
+        error: BaseException | None = None
+        returned: object = None
+        try:
+            returned = run.handler.func(run.job.payload) if run.handler else None
+            if returned is not None and inspect.isawaitable(returned):
+                # A sync callable that returned an awaitable (a wrapped coroutine
+                # function): run it on the shared loop rather than a loop of its own.
+                loop = self._ensure_loop()
+                returned = asyncio.run_coroutine_threadsafe(_awaited(returned), loop).result()
+        except BaseException as exc:  # a handler's error never ends the slot thread
+            error = exc
+        finally:
+            unbind(token)
+        duration = perf_counter() - started
+        return Finished(run, decide(run.handler, run.job, error, returned), duration)
+
+    def _run_with_deadline(self, run: Run, timeout: timedelta) -> Finished:
+        """Run a sync handler that has a timeout: its deadline is known to
+        :meth:`expired` while it runs (nothing can interrupt the thread)."""
+        with self._deadlines_lock:
+            self._deadlines[run.token] = (monotonic() + timeout.total_seconds(), run)
+        try:
+            if run.handler is not None and run.handler.transaction:
+                return transaction.run_sync(run, self._session_factory())
+            return self._call_sync(run)
+        finally:
+            with self._deadlines_lock:
+                self._deadlines.pop(run.token, None)
+
+    def expired(self, now: float) -> list[Run]:
+        """The sync runs whose deadline has passed by *now* (each reported once)."""
+        if not self._deadlines:
+            return []
+        with self._deadlines_lock:
+            late = [t for t, (deadline, _) in self._deadlines.items() if deadline <= now]
+            return [self._deadlines.pop(t)[1] for t in late]
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a running sync handler (``time.monotonic``)."""
+        if not self._deadlines:
+            return None
+        with self._deadlines_lock:
+            return min((d for d, _ in self._deadlines.values()), default=None)
 
     def _session_factory(self) -> transaction.SessionFactory:
         if self._sessions is None:  # pragma: no cover - the worker always passes one
@@ -287,7 +324,8 @@ class Runner:
         returned: object = None
         try:
             if run.handler is not None:
-                returned = await cast(Awaitable[object], run.handler.func(run.job.payload))
+                call = cast(Awaitable[object], run.handler.func(run.job.payload))
+                returned = await bounded(call, run.handler.timeout)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

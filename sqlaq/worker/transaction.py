@@ -32,7 +32,7 @@ from sqlaq.outcome import LOST, Outcome, Verdict, decide
 from sqlaq.registry import Registry
 from sqlaq.results import complete_with_result
 from sqlaq.schema import JobStatus
-from sqlaq.worker.run import Finished, Run
+from sqlaq.worker.run import Finished, Run, bounded
 
 __all__ = ["AsyncSessionFactory", "SessionFactory", "Sessions", "run_async", "run_sync"]
 
@@ -123,7 +123,8 @@ async def run_async(run: Run, sessions: AsyncSessionFactory) -> Finished:
     try:
         async with sessions() as session, session.begin():
             context._set_session(session)
-            returned = await cast(Any, _call(run, session))
+            timeout = run.handler.timeout if run.handler else None
+            returned = await bounded(cast(Any, _call(run, session)), timeout)
             outcome = _judge(run, returned)
             if not await session.run_sync(complete_in, run, outcome):
                 raise _LeaseGone
