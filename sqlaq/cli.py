@@ -44,6 +44,7 @@ from sqlaq.commandline import (
     CommandParser,
     UsageError,
     check_database,
+    check_listen_url,
     database_engine,
     database_url,
     one_line,
@@ -336,6 +337,8 @@ def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
         )
         try:
             check_database(engine)
+            if options.config.listen_url:
+                check_listen_url(engine, options.config.listen_url)
             metrics = _start_metrics(engine, options.metrics_port)
             worker = Worker(
                 engine,

@@ -15,13 +15,14 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
 from sqlaq import migrations, queries
 from sqlaq.errors import ConfigError, SchemaOutOfDateError
-from sqlaq.option import Domain, Text
+from sqlaq.maintenance import direct_engine
+from sqlaq.option import Domain, PrepareThreshold, Text
 from sqlaq.schema import PERIODIC_TABLE, RATES_TABLE, TABLE_NAME
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "CommandParser",
     "UsageError",
     "check_database",
+    "check_listen_url",
     "check_privileges",
     "database_engine",
     "database_url",
@@ -129,9 +131,14 @@ def database_engine(
     URL wins. No ``pool_pre_ping``: the worker classifies a dead connection as transient
     and retries the turn, which costs nothing while the database is up.
 
+    A ``prepare_threshold`` query parameter (``?prepare_threshold=none``, or a number)
+    becomes psycopg's ``prepare_threshold`` connect argument: ``none`` turns prepared
+    statements off, as PgBouncer in *transaction* pooling needs (SQLAlchemy would pass
+    the text ``"none"`` to psycopg, which fails).
+
     Raises:
-        UsageError: the URL cannot be parsed, is not PostgreSQL, or names a driver
-            that is not installed.
+        UsageError: the URL cannot be parsed, is not PostgreSQL, names a driver that is
+            not installed, or holds a ``prepare_threshold`` that is not none or a number.
     """
     parsed = _parse_url(url)
     if parsed.drivername in {"postgresql", "postgres"}:
@@ -145,6 +152,9 @@ def database_engine(
     if not parsed.drivername.startswith("postgresql"):
         raise UsageError(f"sqlaq needs PostgreSQL; got a {parsed.drivername!r} URL")
     connect_args: dict[str, Any] = {"connect_timeout": 10}
+    if "prepare_threshold" in parsed.query:
+        connect_args["prepare_threshold"] = _prepare_threshold(parsed)
+        parsed = parsed.difference_update_query(["prepare_threshold"])
     if "application_name" not in parsed.query:
         connect_args["application_name"] = application_name
     try:
@@ -160,6 +170,16 @@ def database_engine(
             f"use {_SYNC_DRIVER}"
         )
     return engine
+
+
+def _prepare_threshold(url: URL) -> int | None:
+    value = url.query["prepare_threshold"]
+    if not isinstance(value, str):  # ?prepare_threshold=1&prepare_threshold=2: a tuple
+        raise UsageError(f"invalid database URL {url!r}: prepare_threshold is given more than once")
+    try:
+        return PrepareThreshold().parse(value, "prepare_threshold")
+    except ConfigError as exc:
+        raise UsageError(f"invalid database URL {url!r}: {exc}") from None
 
 
 def _parse_url(url: str) -> URL:
@@ -192,6 +212,36 @@ def check_database(engine: Engine) -> None:
         raise UsageError(str(exc)) from None
     except sa_exc.DBAPIError as exc:
         raise UsageError(f"cannot use the database at {engine.url!r}: {db_error(exc)}") from None
+
+
+def check_listen_url(engine: Engine, url: str) -> None:
+    """Connect once to a worker's ``listen_url`` and check it reaches *engine*'s database.
+
+    NOTIFY and advisory locks belong to one database of one server: a listen URL naming
+    another database, or another server (a replica), would leave the listener deaf and
+    elect leaders apart, silently. Both sides must report the same
+    ``current_database()`` and ``pg_postmaster_start_time()``.
+
+    Raises:
+        UsageError: the URL cannot be reached, or reaches another database or server.
+    """
+    same = select(func.current_database(), func.pg_postmaster_start_time())
+    direct = direct_engine(url, "sqlaq-worker")
+    try:
+        with engine.connect() as conn:
+            expected = tuple(conn.execute(same).one())
+        with direct.connect() as conn:
+            found = tuple(conn.execute(same).one())
+    except sa_exc.DBAPIError as exc:
+        raise UsageError(f"cannot use the listen URL {direct.url!r}: {db_error(exc)}") from None
+    finally:
+        direct.dispose()
+    if found != expected:
+        raise UsageError(
+            f"the listen URL {direct.url!r} reaches database {found[0]!r} on a server started "
+            f"at {found[1]:%Y-%m-%d %H:%M:%S}, not the queue's ({expected[0]!r}, started at "
+            f"{expected[1]:%Y-%m-%d %H:%M:%S}): point it at the same database, directly"
+        )
 
 
 def check_privileges(missing: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlaq.errors import ConfigError
 from sqlaq.ops import DEFAULT_LEASE
-from sqlaq.option import Boolean, Domain, Duration, Integer, Names, Option
+from sqlaq.option import Boolean, DatabaseUrl, Domain, Duration, Integer, Names, Option
 from sqlaq.schema import DEFAULT_QUEUE
 
 __all__ = [
@@ -96,6 +96,12 @@ class WorkerConfig:
         burst: Run what is due, then stop (instead of waiting for more).
         listen: Wake on ``NOTIFY`` through a dedicated LISTEN connection. Without it the
             worker relies on polling alone.
+        listen_url: A URL that reaches PostgreSQL directly, for the two connections that
+            need a session of their own: the LISTEN connection and the maintenance
+            leader's (its advisory lock). Set it when the engine goes through PgBouncer
+            in transaction pooling, which breaks both; None (the default) uses the
+            engine's URL. A ``str`` or SQLAlchemy ``URL`` (kept as text); any
+            ``postgresql`` driver is accepted, psycopg is used.
         maintenance: Run the maintenance thread: enqueue the registry's periodic jobs,
             and take part in the leader election for retention and the expired-lease
             sweep. Off in burst mode whatever this says.
@@ -151,6 +157,16 @@ class WorkerConfig:
     burst: bool = field(default=False, metadata=_option(Boolean(), "run what is due, then exit 0"))
     listen: bool = field(
         default=True, metadata=_option(Boolean(), "wake on NOTIFY (--no-listen: poll only)")
+    )
+    listen_url: str | None = field(
+        default=None,
+        repr=False,  # it may hold a password
+        metadata=_option(
+            DatabaseUrl(),
+            "a URL reaching PostgreSQL directly (not through PgBouncer), for the LISTEN "
+            "connection and the maintenance leader's lock",
+            shown="the database URL",
+        ),
     )
     maintenance: bool = field(
         default=True,

@@ -32,15 +32,18 @@ from datetime import datetime, timedelta
 from time import monotonic
 from typing import TypeVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from sqlaq import ops, queries
 from sqlaq.config import WorkerConfig
+from sqlaq.option import PrepareThreshold
 from sqlaq.periodic import Periodic, enqueue_periodic
 from sqlaq.schema import JobStatus
 from sqlaq.transient import describe, is_transient
 
-__all__ = ["Maintenance"]
+__all__ = ["LEADER_APPLICATION_NAME", "Maintenance", "direct_engine"]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,6 +56,28 @@ MAX_BATCHES = 100
 #: How long after a slot boundary the round that enqueues it runs (the database's clock
 #: and this host's may differ a little; a round that is early enqueues nothing).
 _SLOT_MARGIN = 0.05
+#: The leader's connection when it comes from ``listen_url`` (see :func:`direct_engine`).
+LEADER_APPLICATION_NAME = "sqlaq-leader"
+
+
+def direct_engine(url: str, application_name: str) -> Engine:
+    """An engine on *url* (a worker's ``listen_url``: PostgreSQL reached directly, not
+    through a pooler) with the psycopg driver and no pool: each connection it gives is
+    a session of its own, which LISTEN and a session advisory lock need.
+
+    A ``prepare_threshold`` in the URL's query is read as psycopg's connect argument
+    (``none``: off), as the commands do; the URL's ``application_name`` wins over
+    *application_name*. Connects to nothing until used.
+    """
+    parsed = make_url(url).set(drivername="postgresql+psycopg")
+    args: dict[str, object] = {"connect_timeout": 10, "application_name": application_name}
+    threshold = parsed.query.get("prepare_threshold")
+    if isinstance(threshold, str):  # checked by WorkerConfig already
+        args["prepare_threshold"] = PrepareThreshold().parse(threshold, "prepare_threshold")
+        parsed = parsed.difference_update_query(["prepare_threshold"])
+    if "application_name" in parsed.query:
+        del args["application_name"]
+    return create_engine(parsed, poolclass=NullPool, connect_args=args)
 
 
 class Maintenance:
@@ -73,6 +98,13 @@ class Maintenance:
         self, engine: Engine, periodics: Sequence[Periodic], config: WorkerConfig, name: str
     ) -> None:
         self._engine = engine
+        # The leader's lock needs a session that stays on one server connection: with
+        # listen_url, a direct one (a pooler in transaction mode would move it).
+        self._lead_engine = (
+            direct_engine(config.listen_url, LEADER_APPLICATION_NAME)
+            if config.listen_url
+            else engine
+        )
         self._periodics = list(periodics)
         self._interval = config.maintenance_interval.total_seconds()
         self._retain_done = config.retain_done
@@ -198,7 +230,7 @@ class Maintenance:
         """The lock's connection while this worker leads; None while another does."""
         if self._lead_conn is not None:
             return self._lead_conn
-        conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        conn = self._lead_engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
             leading = bool(conn.execute(queries.try_lead_stmt()).scalar_one())
         except BaseException:

@@ -1,7 +1,8 @@
 """Options: what a setting may hold, read from text (a flag, a variable) or checked as a value.
 
 This module owns the *domains* of sqlaq's settings (:class:`Duration`, :class:`Integer`,
-:class:`Boolean`, :class:`Names`, :class:`Choice`, :class:`Text`) and :class:`Option`,
+:class:`Boolean`, :class:`Names`, :class:`Choice`, :class:`Text`, :class:`DatabaseUrl`,
+:class:`PrepareThreshold`) and :class:`Option`,
 one declared setting: its name, domain, default and help. A domain both parses text
 (``"5m"`` -> 5 minutes) and checks a Python value, with the same bounds, so the worker's
 Python API (:class:`~sqlaq.WorkerConfig`) and the commands refuse the same values. Every
@@ -20,6 +21,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
 from sqlaq.bounds import MAX_DURATION
 from sqlaq.encoding import check_name
 from sqlaq.errors import ConfigError, InvalidJobError
@@ -28,11 +32,13 @@ __all__ = [
     "BIGINT_MAX",
     "Boolean",
     "Choice",
+    "DatabaseUrl",
     "Domain",
     "Duration",
     "Integer",
     "Names",
     "Option",
+    "PrepareThreshold",
     "Text",
     "check_text",
     "parse_bool",
@@ -330,6 +336,98 @@ class Text(Domain[str]):
     def show(self, value: str) -> str:
         """The text as given."""
         return str(value)
+
+
+#: The largest ``prepare_threshold``: psycopg's is a C int.
+_MAX_PREPARE_THRESHOLD = 2**31 - 1
+_MAX_PORT = 65535
+
+
+@dataclass(frozen=True)
+class PrepareThreshold(Domain[int | None]):
+    """psycopg's ``prepare_threshold``: how many executions of a statement before the
+    connection prepares it server-side; None never prepares (what PgBouncer in
+    *transaction* pooling needs). Text: ``none`` (any case), or 0 to 2**31 - 1."""
+
+    @property
+    def metavar(self) -> str:
+        """``none|N``."""
+        return "none|N"
+
+    def parse(self, text: str, label: str | None = None) -> int | None:
+        """See :meth:`Domain.parse`."""
+        if text.strip().lower() == "none":
+            return None
+        try:
+            return Integer(0, _MAX_PREPARE_THRESHOLD).parse(text, label)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"{exc}; use none (no prepared statements, for PgBouncer in transaction "
+                "mode) or a number of executions"
+            ) from None
+
+    def check(self, value: object, label: str) -> int | None:
+        """See :meth:`Domain.check`."""
+        if value is None:
+            return None
+        return Integer(0, _MAX_PREPARE_THRESHOLD).check(value, label)
+
+
+def _redacted(url: str) -> str:
+    """*url* with its password replaced by ``***``."""
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+@dataclass(frozen=True)
+class DatabaseUrl(Domain[str | None]):
+    """A PostgreSQL URL (``postgresql://user@host:5432/db``, any ``+driver``); None when
+    not set. Checked as SQLAlchemy reads it: a ``postgres`` scheme, a port from 0 to
+    65535, and a ``prepare_threshold`` query parameter, if any, that
+    :class:`PrepareThreshold` reads. A :class:`sqlalchemy.engine.URL` is taken as its
+    text, password included."""
+
+    @property
+    def metavar(self) -> str:
+        """``URL``."""
+        return "URL"
+
+    def parse(self, text: str, label: str | None = None) -> str | None:
+        """See :meth:`Domain.parse`."""
+        return self.check(text, label or "the URL")
+
+    def check(self, value: object, label: str) -> str | None:
+        """See :meth:`Domain.check`."""
+        if value is None:
+            return None
+        if isinstance(value, URL):
+            value = value.render_as_string(hide_password=False)
+        if not isinstance(value, str):
+            raise ConfigError(f"{label} must be a database URL (str), got {type(value).__name__}")
+        text = check_text(value, label).strip()
+        if not text:
+            raise ConfigError(f"{label}: empty; leave it unset to use the database URL")
+        shown = _shown(_redacted(text))
+        try:
+            url = make_url(text)
+            port = url.port  # int() of the port: a ValueError for "abc"
+        except (ArgumentError, ValueError):
+            raise ConfigError(
+                f"{label}: invalid URL {shown}: use postgresql://user:password@host:port/database"
+            ) from None
+        if url.drivername.split("+")[0] not in {"postgresql", "postgres"}:
+            raise ConfigError(f"{label}: {shown} is not a PostgreSQL URL (postgresql://...)")
+        if port is not None and not 0 <= port <= _MAX_PORT:
+            raise ConfigError(f"{label}: invalid URL {shown}: the port must be 0 to {_MAX_PORT}")
+        threshold = url.query.get("prepare_threshold")
+        if threshold is not None:
+            if not isinstance(threshold, str):  # given twice: SQLAlchemy makes a tuple
+                raise ConfigError(f"{label}: prepare_threshold is given more than once")
+            PrepareThreshold().parse(threshold, f"{label}: prepare_threshold")
+        return text
+
+    def show(self, value: str | None) -> str:
+        """``none``, or the URL without its password."""
+        return "none" if value is None else _redacted(value)
 
 
 @dataclass(frozen=True, slots=True)

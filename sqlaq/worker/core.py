@@ -47,7 +47,7 @@ from sqlaq.errors import ConfigError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlaq.maintenance import Maintenance
+from sqlaq.maintenance import Maintenance, direct_engine
 from sqlaq.outcome import Outcome, Verdict, decide
 from sqlaq.registry import Registry
 from sqlaq.schema import CANCEL_CHANNEL, CHANNEL
@@ -80,7 +80,7 @@ class Worker:
             :meth:`run` runs, the worker holds one connection (its claims) and uses a
             second for writing outcomes, plus one per handler calling
             ``current_job().extend_lease()``, plus a LISTEN connection of its own made
-            from the engine's URL.
+            from the engine's URL (or from ``listen_url``).
         registry: The handlers.
         config: The options; or pass them as keywords (``concurrency=8``), which
             override *config*'s.
@@ -246,7 +246,9 @@ class Worker:
             extra={"worker_id": str(self.worker_id), "queues": list(config.queues)},
         )
         if config.listen and not config.burst:
-            params = connection_params(self._engine, LISTENER_APPLICATION_NAME)
+            direct = config.listen_url  # PostgreSQL itself when the engine goes via PgBouncer
+            engine = direct_engine(direct, LISTENER_APPLICATION_NAME) if direct else self._engine
+            params = connection_params(engine, LISTENER_APPLICATION_NAME)
             statement = queries.listen_stmt(channel=(CHANNEL, CANCEL_CHANNEL))
             self._listener = Listener(params, statement, self._notified)
             self._listener.start()
