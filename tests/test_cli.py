@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 from workerkit import TESTS_DIR, count_status, ledger_table, rows, worker_env
 
 import sqlaq
@@ -249,3 +250,83 @@ def test_maintenance_prefetch_and_retention_options() -> None:
         parse_options(["a:b", "--prefetch", "-1"], environ)
     with pytest.raises(UsageError, match="invalid duration 'someday'"):
         parse_options(["a:b", "--retain-done", "someday"], environ)
+
+
+# -- PgBouncer: --listen-url and ?prepare_threshold= ------------------------------------
+
+
+def test_listen_url_option_flag_variable_and_python_api() -> None:
+    environ = {"DATABASE_URL": "postgresql://x/y", "SQLAQ_LISTEN_URL": "postgresql://env/db"}
+    assert parse_options(["a:b"], environ).config.listen_url == "postgresql://env/db"
+    options = parse_options(["a:b", "--listen-url", "postgres://u:pw@direct:5432/db"], environ)
+    assert options.config.listen_url == "postgres://u:pw@direct:5432/db"
+    assert "pw" not in repr(options.config)  # a password stays out of logs and reprs
+    defaults = parse_options(["a:b"], {"DATABASE_URL": "postgresql://x/y"}).config
+    assert defaults.listen_url is None
+    config = WorkerConfig(listen_url=make_url("postgresql+asyncpg://u:pw@h/d"))
+    assert config.listen_url == "postgresql+asyncpg://u:pw@h/d"  # kept as text
+    for bad, fragment in (
+        ("mysql://u:secret@h/d", "is not a PostgreSQL URL"),
+        ("not a url", "invalid URL 'not a url'"),
+        ("postgresql://h:70000/d", "the port must be 0 to 65535"),
+        ("postgresql://h/d?prepare_threshold=soon", "prepare_threshold: invalid integer 'soon'"),
+        ("   ", "empty; leave it unset"),
+    ):
+        with pytest.raises(UsageError, match=r"^--listen-url: ") as flag_error:
+            parse_options(["a:b", "--listen-url", bad], environ)
+        assert fragment in str(flag_error.value)
+        assert "secret" not in str(flag_error.value)
+        with pytest.raises(UsageError, match=r"^SQLAQ_LISTEN_URL: "):
+            parse_options(["a:b"], {**environ, "SQLAQ_LISTEN_URL": bad})
+    with pytest.raises(sqlaq.ConfigError, match="listen_url must be a database URL"):
+        WorkerConfig(listen_url=5432)
+
+
+@pytest.mark.timeout(60)
+def test_bad_listen_url_or_prepare_threshold_is_one_line_exit_2(
+    database_url: str, empty_database_url: str
+) -> None:
+    assert_usage_error(
+        run_cli("worker_app:registry", "--listen-url", "mysql://x/y", database_url=database_url),
+        "--listen-url: 'mysql://x/y' is not a PostgreSQL URL",
+    )
+    bad_threshold = database_url + "?prepare_threshold=sometimes"
+    assert_usage_error(
+        run_cli("worker_app:registry", "--database-url", bad_threshold),
+        "invalid database URL",
+        "prepare_threshold: invalid integer 'sometimes'; use none",
+    )
+    assert_usage_error(
+        run_cli(
+            "worker_app:registry",
+            "--listen-url",
+            "postgresql://postgres:secret@127.0.0.1:1/nowhere",
+            database_url=database_url,
+        ),
+        "cannot use the listen URL",
+        "127.0.0.1:1",
+    )
+    # Another database: its NOTIFY and advisory locks are not the queue's.
+    result = run_cli(
+        "worker_app:registry", "--listen-url", empty_database_url, database_url=database_url
+    )
+    assert_usage_error(result, "reaches database", "not the queue's", "directly")
+
+
+@pytest.mark.timeout(60)
+def test_burst_with_prepare_threshold_none_and_a_listen_url(
+    ledger: Engine, database_url: str
+) -> None:
+    with ledger.begin() as conn:
+        sqlaq.enqueue_many(conn, [sqlaq.NewJob("record") for _ in range(20)])
+    result = run_cli(
+        "worker_app:registry",
+        "--burst",
+        "--database-url",
+        database_url + "?prepare_threshold=none",
+        "--listen-url",
+        database_url,
+        database_url=database_url,
+    )
+    assert result.returncode == 0, result.stderr
+    assert count_status(ledger, "done") == 20
