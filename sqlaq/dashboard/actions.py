@@ -1,8 +1,9 @@
 """What the dashboard's buttons do: the operations of ``sqlaq retry``, ``sqlaq cancel``
 and ``sqlaq prune``, run through :mod:`sqlaq.ops` on the dashboard's engine.
 
-Bulk work goes in batches of :data:`sqlaq.admin.BATCH_SIZE`-like size (1,000 rows), one
-short transaction each, as the command does. No SQL of its own, and no web framework.
+Bulk work goes in batches of :data:`BATCH_SIZE` rows, one short transaction each, as the
+command does (``sqlaq.admin`` sits above this package, so the loops are its, restated
+in a few lines). No SQL of its own, and no web framework.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from sqlalchemy import Engine
 from sqlaq import ops, queries
 from sqlaq.schema import JobStatus
 
-__all__ = ["BATCH_SIZE", "Done", "cancel_job", "prune", "retry_group", "retry_job"]
+__all__ = [
+    "BATCH_SIZE",
+    "Done",
+    "cancel_job",
+    "count_prunable",
+    "prune",
+    "retry_group",
+    "retry_job",
+]
 
 #: Rows per transaction of a bulk action (as ``sqlaq retry --failed`` and ``sqlaq prune``).
 BATCH_SIZE = 1000

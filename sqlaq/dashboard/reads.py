@@ -166,6 +166,7 @@ def jobs_page(
 ) -> JobsPage:
     """One page of jobs matching the filters (those of ``sqlaq list``), by keyset:
     ids below *before*, or the *limit* ids just above *after*, never an OFFSET."""
+
     def find(after_id: int | None, newest_first: bool) -> list[Row[Any]]:
         stmt = queries.find_jobs_stmt(
             statuses=statuses,
