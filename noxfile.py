@@ -1,12 +1,14 @@
 """nox is the source of truth for checks: `nox -s tests lint types`; `nox -s bench` benchmarks.
 
 `nox -s matrix` runs the suite on every PostgreSQL version obtainable from pip (and the
-local server); `nox -s minimums` runs it with every dependency at its floor.
+local server); `nox -s minimums` runs it with every dependency at its floor; `nox -s
+pgbouncer` runs the worker through PgBouncer in transaction pooling.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -15,7 +17,9 @@ import socket
 import subprocess
 import tarfile
 import tempfile
+import time
 import tomllib
+import urllib.parse
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -300,3 +304,119 @@ def matrix(session: nox.Session) -> None:
         session.log(f"{version:>10} | {result}")
     if any(not result.startswith("passed") for result in results.values()):
         session.error("the suite failed on some PostgreSQL version (table above)")
+
+
+# -- PgBouncer -------------------------------------------------------------------------
+
+#: Debian's package puts it here (/usr/sbin is not on every user's PATH).
+PGBOUNCER = Path("/usr/sbin/pgbouncer")
+#: Debian's PostgreSQL server binaries (the local server's package): the throwaway
+#: server behind PgBouncer is initdb'd from the newest one found here.
+DEBIAN_POSTGRES = Path("/usr/lib/postgresql")
+#: Server connections PgBouncer keeps per database and user: fewer than a worker's
+#: client connections, so transactions of every client share them, as in production.
+PGBOUNCER_POOL_SIZE = 4
+
+
+def _pgbouncer_binary(session: nox.Session) -> str:
+    """PgBouncer's executable; installed from Debian's package when missing (as root)."""
+    found = shutil.which("pgbouncer") or (str(PGBOUNCER) if PGBOUNCER.exists() else None)
+    if found:
+        return found
+    if os.geteuid() != 0:
+        session.error("pgbouncer is not installed: run 'apt-get install -y pgbouncer' as root")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-q", external=True, env=env)
+    session.run("apt-get", "install", "-y", "-q", "pgbouncer", external=True, env=env)
+    return shutil.which("pgbouncer") or str(PGBOUNCER)
+
+
+@contextlib.contextmanager
+def _pgbouncer(binary: str, server_url: str) -> Iterator[str]:
+    """PgBouncer in *transaction* pooling in front of *server_url*'s server (every
+    database: ``*``), on a free port, from a temporary folder, as the ``postgres`` OS
+    user when run as root (PgBouncer refuses root); yield its URL (user ``postgres``, no
+    password: ``auth_type = trust``). Stop it and delete the folder afterwards, also on
+    failure; its log is printed if it does not start."""
+    server = urllib.parse.urlsplit(server_url)
+    folder = Path(tempfile.mkdtemp(prefix="sqlaq-pgbouncer-"))
+    account = None
+    if os.geteuid() == 0:
+        import pwd
+
+        account = pwd.getpwnam("postgres")
+        os.chown(folder, account.pw_uid, account.pw_gid)
+    port = _free_port()
+    log = folder / "pgbouncer.log"
+    (folder / "userlist.txt").write_text(f'"{server.username}" ""\n')
+    (folder / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host={server.hostname} port={server.port} user={server.username}"
+        f" password={server.password}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {folder / 'userlist.txt'}\n"
+        f"pool_mode = transaction\ndefault_pool_size = {PGBOUNCER_POOL_SIZE}\n"
+        "max_client_conn = 1000\n"
+        f"logfile = {log}\n"
+    )
+    if account:
+        for path in folder.iterdir():
+            os.chown(path, account.pw_uid, account.pw_gid)
+    as_user: dict[str, object] = {}
+    if account:
+        as_user = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+    process = subprocess.Popen(  # noqa: S603 - Debian's binary, our own ini file
+        [binary, str(folder / "pgbouncer.ini")], cwd=folder,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not _answers(("127.0.0.1", port)):
+            if process.poll() is not None or time.monotonic() > deadline:
+                shown = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+                raise RuntimeError(f"PgBouncer did not start (exit {process.poll()}):\n{shown}")
+            time.sleep(0.1)
+        yield f"postgresql+psycopg://{server.username}@127.0.0.1:{port}/postgres"
+    finally:
+        process.terminate()  # SIGTERM: immediate shutdown
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(15)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@nox.session(python=PYTHON)
+def pgbouncer(session: nox.Session) -> None:
+    """tests/test_pgbouncer.py through PgBouncer in *transaction* pooling.
+
+    PgBouncer comes from Debian's package (installed when missing); behind it runs a
+    throwaway PostgreSQL (Debian's server binaries, initdb'd as ``postgres`` into a
+    temporary folder, on a free port). Workers go through PgBouncer with
+    ``?prepare_threshold=none``, and reach the server directly with ``--listen-url``
+    (or poll only). Both are stopped and deleted afterwards, also on failure.
+    Arguments go to pytest. Prints the drain's figures.
+    """
+    binary = _pgbouncer_binary(session)
+    initdbs = sorted(DEBIAN_POSTGRES.glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+    if not initdbs:
+        session.error(f"no PostgreSQL server binaries under {DEBIAN_POSTGRES} (postgresql-NN)")
+    session.install("-e", ".[test]")
+    report = Path(session.create_tmp()).resolve() / "pgbouncer-report.json"
+    report.unlink(missing_ok=True)
+    bin_dir = initdbs[-1].parent
+    with _throwaway_server(bin_dir, bin_dir.parts[-2]) as server, _pgbouncer(binary, server) as url:
+        session.log(f"PgBouncer at {url} (transaction pooling) in front of PostgreSQL {bin_dir}")
+        session.run(
+            "pytest", "-p", "no:cacheprovider", "tests/test_pgbouncer.py", *session.posargs,
+            env={
+                "SQLAQ_TEST_DATABASE_URL": server,
+                "SQLAQ_PGBOUNCER_URL": url,
+                "SQLAQ_PGBOUNCER_REPORT": str(report),
+            },
+        )  # fmt: skip
+    if report.exists():
+        for name, figures in json.loads(report.read_text()).items():
+            session.log(f"{name}: {figures}")
