@@ -10,26 +10,31 @@ only while the given lease is still its current one. By default they raise
 :class:`~sqlaq.errors.LeaseLostError` when a lease was lost; the caller's transaction
 stays usable (nothing failed in the database), and any other lease of the same call was
 applied. Pass ``raise_on_lost=False`` to learn the outcome from the return value instead.
+
+Each operation is written once, as a plan (see :mod:`sqlaq.drive`): a generator that
+validates, yields its statements and shapes their results. ``@operation`` makes the sync
+function of this module from it (``enqueue(conn, ...)``), and :mod:`sqlaq.asyncio` the
+``async`` twin (``await sqlaq.asyncio.enqueue(async_conn, ...)``) from the same plan.
+Inside a plan, ``result = yield statement, params`` runs a statement on the caller's
+connection.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-import psycopg
-from sqlalchemy import ColumnElement, Connection
+from sqlalchemy import ColumnElement
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
 
 from sqlaq import queries
 from sqlaq.bounds import clamp_duration
+from sqlaq.drive import AUTOCOMMIT, Copy, Executor, Plan, Savepoint, operation
 from sqlaq.encoding import NewJob, check_duration, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, shown
 from sqlaq.lease import Lease
@@ -40,11 +45,36 @@ from sqlaq.schema import (
     FINISHED_STATUSES,
     JobStatus,
 )
+from sqlaq.schema import jobs as jobs_table
 
 _log = logging.getLogger(__name__)
 
-#: What every operation runs on: a Core connection or an ORM session.
-Executor = Connection | Session
+__all__ = [
+    "DEFAULT_LEASE",
+    "DEFAULT_PRUNE_BATCH",
+    "MAX_ERROR_LENGTH",
+    "ClaimedJob",
+    "EnqueueResult",
+    "Executor",
+    "LimitedClaim",
+    "PruneResult",
+    "cancel",
+    "cancelled_among",
+    "claim",
+    "claim_limited",
+    "complete",
+    "enqueue",
+    "enqueue_copy",
+    "enqueue_many",
+    "extend_lease",
+    "fail",
+    "handback",
+    "notify_queues",
+    "prune",
+    "retry",
+    "snooze",
+    "sweep",
+]
 
 DEFAULT_LEASE = timedelta(seconds=30)
 DEFAULT_PRUNE_BATCH = 1000
@@ -119,8 +149,8 @@ class ClaimedJob:
     attempted_at: datetime | None = None
 
 
+@operation
 def enqueue(
-    conn: Executor,
     kind: str,
     payload: Mapping[str, Any] | None = None,
     *,
@@ -129,7 +159,7 @@ def enqueue(
     delay: timedelta = timedelta(0),
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     dedupe_key: str | None = None,
-) -> EnqueueResult:
+) -> Plan[EnqueueResult]:
     """Insert one job in the caller's transaction.
 
     The job exists, and workers are woken, only once the caller commits. With a
@@ -164,14 +194,15 @@ def enqueue(
     )
     params = queries.enqueue_params(job)
     if job.dedupe_key is None:
-        return EnqueueResult(conn.execute(_ENQUEUE, params).scalar_one())
+        inserted = yield _ENQUEUE, params
+        return EnqueueResult(inserted.scalar_one())
     for _ in range(_DEDUPE_ROUNDS):
-        job_id = conn.execute(_ENQUEUE_DEDUPE, params).scalar_one_or_none()
+        inserted = yield _ENQUEUE_DEDUPE, params
+        job_id = inserted.scalar_one_or_none()
         if job_id is not None:
             return EnqueueResult(job_id)
-        twin = conn.execute(
-            queries.find_pending_duplicate_stmt(kind=job.kind, dedupe_key=job.dedupe_key)
-        ).scalar_one_or_none()
+        find = queries.find_pending_duplicate_stmt(kind=job.kind, dedupe_key=job.dedupe_key)
+        twin = (yield find, None).scalar_one_or_none()
         if twin is not None:
             return EnqueueResult(twin, duplicate=True)
     raise RuntimeError(  # pragma: no cover - needs a pathological race to reach
@@ -180,7 +211,8 @@ def enqueue(
     )
 
 
-def enqueue_many(conn: Executor, jobs: Iterable[NewJob]) -> list[EnqueueResult]:
+@operation
+def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
     """Insert many jobs with one statement, in the caller's transaction.
 
     Every job is validated before anything is sent. Jobs whose dedupe key is already
@@ -200,7 +232,8 @@ def enqueue_many(conn: Executor, jobs: Iterable[NewJob]) -> list[EnqueueResult]:
     if not batch:
         return []
     # Identity values are drawn in input order, so sorted ids line up with the input.
-    rows = sorted(conn.execute(queries.enqueue_many_stmt(jobs_=batch)).all(), key=lambda r: r[0])
+    inserted = yield queries.enqueue_many_stmt(jobs_=batch), None
+    rows = sorted(inserted.all(), key=lambda r: r[0])
     inserted = iter(rows)
     results: list[EnqueueResult | None] = []
     next_row = next(inserted, None)
@@ -213,24 +246,24 @@ def enqueue_many(conn: Executor, jobs: Iterable[NewJob]) -> list[EnqueueResult]:
     missing = {(j.kind, j.dedupe_key) for j, r in zip(batch, results, strict=True) if r is None}
     if missing:
         kinds, keys = zip(*missing, strict=True)
-        found = conn.execute(
-            queries.find_pending_duplicates_stmt(kinds=kinds, dedupe_keys=keys)
-        ).all()
-        twins = {(row[1], row[2]): row[0] for row in found}
+        found = yield queries.find_pending_duplicates_stmt(kinds=kinds, dedupe_keys=keys), None
+        twins = {(row[1], row[2]): row[0] for row in found.all()}
         for index, (job, result) in enumerate(zip(batch, results, strict=True)):
             if result is None:
                 results[index] = EnqueueResult(twins[(job.kind, job.dedupe_key)], duplicate=True)
     return results  # type: ignore[return-value]
 
 
-def enqueue_copy(conn: Executor, jobs: Iterable[NewJob]) -> int:
+@operation
+def enqueue_copy(jobs: Iterable[NewJob]) -> Plan[int]:
     """Insert many jobs with ``COPY``, in the caller's transaction: the fastest path.
 
     Two to three times the rate of :func:`enqueue_many` (``bench/RESULTS.md``), for jobs
     that need neither ids back nor the other things COPY cannot do: every job must be
     due now (no ``delay``) and have no ``dedupe_key``. Workers are notified on commit,
-    as for any enqueue. Runs on the driver (psycopg) connection under *conn*, inside
-    the transaction *conn* has begun (or begins, as any operation would).
+    as for any enqueue. Runs on the driver connection under *conn* (psycopg's COPY;
+    asyncpg's ``copy_records_to_table`` from :mod:`sqlaq.asyncio`), inside the
+    transaction *conn* has begun (or begins, as any operation would).
 
     Returns:
         How many jobs were written.
@@ -238,6 +271,8 @@ def enqueue_copy(conn: Executor, jobs: Iterable[NewJob]) -> int:
     Raises:
         InvalidJobError: an item is not a :class:`~sqlaq.NewJob`, or has a dedupe key
             or a delay; nothing was written.
+        ConfigError: the connection's driver cannot run COPY here (the message names
+            the driver or function to use).
     """
     batch = list(jobs)
     for index, job in enumerate(batch):
@@ -255,22 +290,16 @@ def enqueue_copy(conn: Executor, jobs: Iterable[NewJob]) -> int:
             )
     if not batch:
         return 0
-    connection = conn.connection() if isinstance(conn, Session) else conn
-    if not connection.in_transaction():
-        connection.begin()  # what executing a statement would do: the caller commits
-    driver = connection.connection.driver_connection
-    if not isinstance(driver, psycopg.Connection):
-        raise ConfigError(
-            f"enqueue_copy needs the psycopg driver (postgresql+psycopg://), got {driver!r}"
-        )
-    with driver.cursor() as cursor, cursor.copy(queries.enqueue_copy_stmt()) as copy:
-        for job in batch:
-            copy.write_row((job.queue, job.kind, job.payload_json, job.priority, job.max_attempts))
-    return len(batch)
+    rows = [(j.queue, j.kind, j.payload_json, j.priority, j.max_attempts) for j in batch]
+    copy = Copy(
+        queries.enqueue_copy_stmt(), jobs_table.name, queries.COPY_COLUMNS, rows, "enqueue_copy"
+    )
+    written: int = yield copy
+    return written
 
 
+@operation
 def claim(
-    conn: Executor,
     *,
     worker_id: UUID,
     queue: str = DEFAULT_QUEUE,
@@ -278,7 +307,7 @@ def claim(
     lease: timedelta = DEFAULT_LEASE,
     exclude_kinds: Collection[str] = (),
     where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
-) -> list[ClaimedJob]:
+) -> Plan[list[ClaimedJob]]:
     """Claim up to *limit* due jobs of *queue* for *worker_id*, highest priority first.
 
     Due jobs are queued jobs with ``run_at <= now()`` and running jobs whose lease
@@ -315,7 +344,8 @@ def claim(
         stmt = _narrowed_claim(where, bool(kinds))
     else:
         stmt = _CLAIM_EXCLUDING if kinds else _CLAIM
-    return _claimed(conn.execute(stmt, params).all(), worker_id, lease)
+    claimed = yield stmt, params
+    return _claimed(claimed.all(), worker_id, lease)
 
 
 # Narrowed claims, by the identity of their clause(s) and whether they exclude kinds.
@@ -368,8 +398,8 @@ class LimitedClaim:
     rate_wait: timedelta | None = None
 
 
+@operation
 def claim_limited(
-    conn: Executor,
     *,
     worker_id: UUID,
     kind: str,
@@ -378,7 +408,7 @@ def claim_limited(
     lease: timedelta = DEFAULT_LEASE,
     concurrency: int | None = None,
     rate: Rate | str | None = None,
-) -> LimitedClaim:
+) -> Plan[LimitedClaim]:
     """Claim due jobs of one *kind* of *queue* within the kind's global limits.
 
     At most *concurrency* jobs of *kind* hold a live lease at once, and at most
@@ -398,7 +428,7 @@ def claim_limited(
     """
     _check_claim(worker_id, queue, limit, lease)
     check_name("kind", kind)
-    if _autocommit(conn):
+    if (yield AUTOCOMMIT):
         raise ConfigError(
             "claim_limited needs a transaction (its lock lasts until commit); "
             "this connection is in autocommit"
@@ -407,9 +437,9 @@ def claim_limited(
         _check_positive("concurrency", concurrency)
     if isinstance(rate, str):
         rate = Rate.parse(rate)
-    conn.execute(_LOCK_KIND, {"b_kind": kind})
-    state = queries.kind_limit_state_params(kind=kind, rate=rate)
-    running, recent, pivot, now = conn.execute(_KIND_STATE, state).one()
+    yield _LOCK_KIND, {"b_kind": kind}
+    state = yield _KIND_STATE, queries.kind_limit_state_params(kind=kind, rate=rate)
+    running, recent, pivot, now = state.one()
     allowed = allowance(
         limit,
         concurrency=concurrency,
@@ -424,20 +454,13 @@ def claim_limited(
         params = queries.claim_params(
             queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
         )
-        jobs = _claimed(conn.execute(_CLAIM_KIND, params).all(), worker_id, lease)
+        claimed_rows = yield _CLAIM_KIND, params
+        jobs = _claimed(claimed_rows.all(), worker_id, lease)
     if rate is not None and jobs:
-        started = queries.record_starts_params(kind=kind, rate=rate, started=len(jobs))
-        conn.execute(_RECORD_STARTS, started)
+        yield _RECORD_STARTS, queries.record_starts_params(kind=kind, rate=rate, started=len(jobs))
     if len(jobs) < allowed.count:
         return LimitedClaim(jobs)  # nothing more is due: no limit held anything back
     return LimitedClaim(jobs, allowed.full, allowed.rate_wait)
-
-
-def _autocommit(conn: Executor) -> bool:
-    if isinstance(conn, Session):
-        return False  # a Session's transaction is a real one, unless bound otherwise
-    # The driver's own flag: set however autocommit was asked for (engine or connection).
-    return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
 def _check_positive(name: str, value: object) -> None:
@@ -516,13 +539,13 @@ def _check_lost(requested: Sequence[Lease], changed: Collection[int], raise_on_l
             raise LeaseLostError(lost)
 
 
+@operation
 def extend_lease(
-    conn: Executor,
     leases: Lease | Iterable[Lease],
     *,
     lease: timedelta = DEFAULT_LEASE,
     raise_on_lost: bool = True,
-) -> list[Lease]:
+) -> Plan[list[Lease]]:
     """Move the end of each still-held lease to ``now() + lease``, in one statement.
 
     Returns:
@@ -537,7 +560,8 @@ def extend_lease(
     if not held:
         return []
     params = queries.fence_params(held) | {"b_lease": lease}
-    ends: dict[int, datetime] = dict(conn.execute(_EXTEND, params).all())
+    extended = yield _EXTEND, params
+    ends: dict[int, datetime] = dict(extended.all())
     _check_lost(held, ends, raise_on_lost)
     return [
         Lease(h.job_id, h.worker_id, h.token, h.attempt, ends[h.job_id])
@@ -546,9 +570,8 @@ def extend_lease(
     ]
 
 
-def complete(
-    conn: Executor, leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True
-) -> list[int]:
+@operation
+def complete(leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True) -> Plan[list[int]]:
     """Mark done every job whose lease is still held, in one statement.
 
     Returns:
@@ -558,35 +581,34 @@ def complete(
         LeaseLostError: a lease was lost and *raise_on_lost* is true; the other jobs of
             the call were marked done all the same.
     """
-    return _fenced(conn, _COMPLETE, leases, raise_on_lost)
+    return (yield from _fenced(_COMPLETE, leases, raise_on_lost))
 
 
 def _fenced(
-    conn: Executor,
     stmt: Any,
     leases: Lease | Iterable[Lease],
     raise_on_lost: bool,
     params: Mapping[str, Any] | None = None,
-) -> list[int]:
+) -> Plan[list[int]]:
     """Run a fenced statement that returns the ids it changed, over *leases*."""
     held = _as_leases(leases)
     if not held:
         return []
     values = queries.fence_params(held) | dict(params or {})
     # Rows, not .scalars(): a ScalarResult rebuilds the result's metadata on each call.
-    changed = {row[0] for row in conn.execute(stmt, values)}
+    changed = {row[0] for row in (yield stmt, values)}
     _check_lost(held, changed, raise_on_lost)
     return [h.job_id for h in held if h.job_id in changed]
 
 
+@operation
 def fail(
-    conn: Executor,
     lease: Lease,
     error: str,
     *,
     retry_in: timedelta | None = None,
     raise_on_lost: bool = True,
-) -> JobStatus | None:
+) -> Plan[JobStatus | None]:
     """Record a failed attempt of the job held by *lease*.
 
     With *retry_in* and attempts left, the job is queued again to run at
@@ -605,7 +627,7 @@ def fail(
         check_duration("retry_in", retry_in)
     error = _clean_error(error)
     params = queries.fail_params(lease=lease, error=error, retry_in=retry_in)
-    row = conn.execute(_FAIL, params).first()
+    row = (yield _FAIL, params).first()
     if row is None:
         _check_lost([lease], (), raise_on_lost)
         return None
@@ -633,7 +655,8 @@ def _ids(job_ids: int | Iterable[int]) -> list[int]:
     return ids
 
 
-def retry(conn: Executor, job_ids: int | Iterable[int]) -> list[int]:
+@operation
+def retry(job_ids: int | Iterable[int]) -> Plan[list[int]]:
     """Queue failed or cancelled jobs again, due now, with a fresh set of attempts.
 
     Jobs in any other status are left alone, and so is a job whose dedupe key is now
@@ -643,10 +666,13 @@ def retry(conn: Executor, job_ids: int | Iterable[int]) -> list[int]:
         The ids of the jobs queued again.
     """
     ids = _ids(job_ids)
-    return list(conn.execute(queries.retry_stmt(job_ids=ids)).scalars()) if ids else []
+    if not ids:
+        return []
+    return list((yield queries.retry_stmt(job_ids=ids), None).scalars())
 
 
-def cancel(conn: Executor, job_ids: int | Iterable[int]) -> list[int]:
+@operation
+def cancel(job_ids: int | Iterable[int]) -> Plan[list[int]]:
     """Cancel queued or running jobs.
 
     A running job's worker loses its lease: whatever its handler returns is not written
@@ -658,24 +684,29 @@ def cancel(conn: Executor, job_ids: int | Iterable[int]) -> list[int]:
         The ids of the jobs cancelled.
     """
     ids = _ids(job_ids)
-    return list(conn.execute(queries.cancel_stmt(job_ids=ids)).scalars()) if ids else []
+    if not ids:
+        return []
+    return list((yield queries.cancel_stmt(job_ids=ids), None).scalars())
 
 
-def cancelled_among(conn: Executor, job_ids: Iterable[int]) -> list[int]:
+@operation
+def cancelled_among(job_ids: Iterable[int]) -> Plan[list[int]]:
     """Which of *job_ids* are cancelled (for a worker that lost their leases)."""
     ids = _ids(job_ids)
     if not ids:
         return []
-    return list(conn.execute(queries.cancelled_among_stmt(job_ids=ids)).scalars())
+    return list((yield queries.cancelled_among_stmt(job_ids=ids), None).scalars())
 
 
-def notify_queues(conn: Executor, queues: Sequence[str]) -> None:
+@operation
+def notify_queues(queues: Sequence[str]) -> Plan[None]:
     """Wake the workers of *queues* when the caller commits (NOTIFY ``sqlaq_jobs``)."""
     if queues:
-        conn.execute(queries.notify_queues_stmt(queues=queues)).all()
+        (yield queries.notify_queues_stmt(queues=queues), None).all()
 
 
-def sweep(conn: Executor, *, limit: int = DEFAULT_PRUNE_BATCH) -> int:
+@operation
+def sweep(*, limit: int = DEFAULT_PRUNE_BATCH) -> Plan[int]:
     """End up to *limit* expired leases: a job on its last attempt is marked failed,
     any other is queued again, due now (``last_error`` says the lease expired).
 
@@ -689,7 +720,7 @@ def sweep(conn: Executor, *, limit: int = DEFAULT_PRUNE_BATCH) -> int:
         ConfigError: *limit* is not a positive int.
     """
     _check_positive("limit", limit)
-    return len(conn.execute(queries.sweep_stmt(limit=limit)).all())
+    return len((yield queries.sweep_stmt(limit=limit), None).all())
 
 
 class PruneResult(int):
@@ -727,13 +758,13 @@ class PruneResult(int):
 _PRUNE_ROUNDS = 3
 
 
+@operation
 def prune(
-    conn: Executor,
     *,
     older_than: timedelta,
     statuses: Iterable[JobStatus | str] = FINISHED_STATUSES,
     limit: int = DEFAULT_PRUNE_BATCH,
-) -> PruneResult:
+) -> Plan[PruneResult]:
     """Delete up to *limit* finished jobs that finished more than *older_than* ago.
 
     One bounded batch per call: loop, committing between calls, until it returns less
@@ -769,17 +800,18 @@ def prune(
             )
         wanted.add(value)
     _check_positive("limit", limit)
-    spare = [queries.Reference(*row) for row in conn.execute(queries.blocking_references_stmt())]
+    keys = yield queries.blocking_references_stmt(), None
+    spare = [queries.Reference(*row) for row in keys]
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit, spare=spare)
     if not spare:
-        return PruneResult(_rowcount(conn.execute(stmt)))
-    deleted = _delete_around_references(conn, stmt)
+        return PruneResult(_rowcount((yield stmt, None)))
+    deleted = yield from _delete_around_references(stmt)
     if deleted >= limit:
         return PruneResult(deleted)
     count = queries.count_referenced_stmt(
         older_than=older_than, statuses=wanted, references=spare, limit=limit
     )
-    skipped = int(conn.execute(count).scalar_one())
+    skipped = int((yield count, None).scalar_one())
     if not skipped:
         return PruneResult(deleted)
     tables = tuple(dict.fromkeys(ref.qualified for ref in spare))
@@ -798,18 +830,18 @@ def _rowcount(result: Any) -> int:
     return int(result.rowcount)
 
 
-def _delete_around_references(conn: Executor, stmt: Any) -> int:
+def _delete_around_references(stmt: Any) -> Plan[int]:
     """Run a prune that spares referenced jobs, in a savepoint: a reference committed
     meanwhile fails only the savepoint (never the caller's transaction; see the
     foreign-key tests in tests/test_prune_fk.py), and the batch is tried again."""
-    for attempt in range(_PRUNE_ROUNDS):
-        try:
-            with _savepoint(conn):
-                return _rowcount(conn.execute(stmt))
-        except DBAPIError as exc:
-            if _sqlstate(exc) != _FOREIGN_KEY_VIOLATION or attempt == _PRUNE_ROUNDS - 1:
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
+    attempt = 1
+    while True:
+        outcome = yield Savepoint(stmt)
+        if not isinstance(outcome, DBAPIError):
+            return _rowcount(outcome)
+        if _sqlstate(outcome) != _FOREIGN_KEY_VIOLATION or attempt == _PRUNE_ROUNDS:
+            raise outcome
+        attempt += 1
 
 
 _FOREIGN_KEY_VIOLATION = "23503"
@@ -821,28 +853,19 @@ def _sqlstate(exc: DBAPIError) -> str | None:
     return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
 
 
-@contextmanager
-def _savepoint(conn: Executor) -> Iterator[None]:
-    if _autocommit(conn):
-        yield  # each statement is a transaction of its own: a failure aborts nothing
-        return
-    with conn.begin_nested():
-        yield
-
-
 # --- worker support ---
 
 _HANDBACK = queries.handback_stmt(leases=[])
 _SNOOZE = queries.snooze_stmt(leases=[], delay=timedelta(0))
 
 
+@operation
 def snooze(
-    conn: Executor,
     leases: Lease | Iterable[Lease],
     delay: timedelta,
     *,
     raise_on_lost: bool = True,
-) -> list[int]:
+) -> Plan[list[int]]:
     """Queue still-held jobs again at ``now() + delay``, refunding the claim's attempt.
 
     What a handler's ``raise sqlaq.Snooze(delay)`` becomes.
@@ -861,12 +884,11 @@ def snooze(
     if not isinstance(delay, timedelta) or delay < timedelta(0):
         check_duration("delay", delay)  # raises, naming what was wrong
     delay = clamp_duration(delay)
-    return _fenced(conn, _SNOOZE, leases, raise_on_lost, {"b_delay": delay})
+    return (yield from _fenced(_SNOOZE, leases, raise_on_lost, {"b_delay": delay}))
 
 
-def handback(
-    conn: Executor, leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True
-) -> list[int]:
+@operation
+def handback(leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True) -> Plan[list[int]]:
     """Give still-held jobs back to their queue unfinished, in one statement.
 
     For a worker that stops before its jobs finish (a deploy, a scale-down): each job
@@ -882,4 +904,4 @@ def handback(
         LeaseLostError: a lease was lost and *raise_on_lost* is true; the other jobs of
             the call were handed back all the same.
     """
-    return _fenced(conn, _HANDBACK, leases, raise_on_lost)
+    return (yield from _fenced(_HANDBACK, leases, raise_on_lost))

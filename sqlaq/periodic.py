@@ -35,6 +35,7 @@ from typing import Any
 
 from sqlaq import ops, queries
 from sqlaq.cron import CronSchedule
+from sqlaq.drive import Plan, operation, plan_of
 from sqlaq.encoding import NewJob, check_name
 from sqlaq.errors import ConfigError, InvalidJobError
 from sqlaq.schema import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
@@ -149,14 +150,16 @@ class PeriodicJob:
     job_id: int
 
 
+@operation
 def enqueue_periodic(
-    conn: ops.Executor, periodics: Iterable[Periodic], *, now: datetime | None = None
-) -> list[PeriodicJob]:
+    periodics: Iterable[Periodic], *, now: datetime | None = None
+) -> Plan[list[PeriodicJob]]:
     """Enqueue the due slots of *periodics* that no one has enqueued yet.
 
     Runs in the caller's transaction; commit at once, since each periodic job's row stays
     locked until then (another worker doing the same waits for it, then finds its slots
-    taken). Safe to run from every worker as often as you like.
+    taken). Safe to run from every worker as often as you like. From async code:
+    ``await sqlaq.asyncio.enqueue_periodic(async_conn, periodics)``.
 
     Args:
         now: The time to look at; default the database's ``now()``. (Tests pass a
@@ -166,21 +169,22 @@ def enqueue_periodic(
         The jobs enqueued, in slot order per periodic job.
     """
     if now is None:
-        now = conn.execute(queries.clock_stmt()).scalar_one()
+        now = (yield queries.clock_stmt(), None).scalar_one()
     enqueued: list[PeriodicJob] = []
     for periodic in periodics:
         current = periodic.schedule.latest_at_or_before(now)
         if current is None:
             continue
-        first = conn.execute(queries.periodic_insert_stmt(name=periodic.name, slot=current))
+        first = yield queries.periodic_insert_stmt(name=periodic.name, slot=current), None
         if first.first() is not None:
             continue  # first sight: recorded, not enqueued
-        last = conn.execute(queries.periodic_lock_stmt(name=periodic.name)).scalar_one()
+        last = (yield queries.periodic_lock_stmt(name=periodic.name), None).scalar_one()
         slots = periodic.due_slots(last, now)
         if not slots:
             continue
-        conn.execute(queries.periodic_advance_stmt(name=periodic.name, slot=slots[-1]))
-        results = ops.enqueue_many(conn, [periodic.new_job(slot) for slot in slots])
+        yield queries.periodic_advance_stmt(name=periodic.name, slot=slots[-1]), None
+        new_jobs = [periodic.new_job(slot) for slot in slots]
+        results = yield from plan_of(ops.enqueue_many)(new_jobs)
         enqueued += [
             PeriodicJob(periodic.name, slot, result.job_id)
             for slot, result in zip(slots, results, strict=True)

@@ -30,7 +30,7 @@ Rules every builder keeps (each learnt the hard way, see DESIGN.md B):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -68,6 +68,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REGCLASS, TIMESTAMP, insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.engine import Dialect
 from sqlalchemy.types import UserDefinedType
 
 from sqlaq.encoding import NewJob, encode_payload
@@ -619,20 +620,38 @@ class _ArrayLiteral(UserDefinedType[str]):
     the array's cast (``%(b_ids)s::BIGINT[]``). psycopg sends a str untyped, so the
     server types the parameter as the array itself and parses it in C: the planner sees
     an array parameter, exactly as with a list (a ``CAST`` of a text parameter instead
-    hides the array's size from it and can turn the primary-key lookup into a scan)."""
+    hides the array's size from it and can turn the primary-key lookup into a scan).
+
+    asyncpg types every parameter from the prepared statement and wants a list for an
+    array: on that driver the literal is split back into one (*element* converts each
+    item), which costs what binding a list costs anyway."""
 
     cache_ok = True
     render_bind_cast = True
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, element: Callable[[str], Any] = str) -> None:
         self.spec = spec
+        self.element = element
 
     def get_col_spec(self, **_kw: Any) -> str:
         return self.spec
 
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
+        if dialect.driver != "asyncpg":
+            return None
+        element = self.element
 
-_ID_LITERAL = _ArrayLiteral("BIGINT[]")
-_UUID_LITERAL = _ArrayLiteral("UUID[]")
+        def as_list(value: Any) -> Any:
+            if not isinstance(value, str):
+                return value
+            inner = value[1:-1]
+            return [element(item) for item in inner.split(",")] if inner else []
+
+        return as_list
+
+
+_ID_LITERAL = _ArrayLiteral("BIGINT[]", int)
+_UUID_LITERAL = _ArrayLiteral("UUID[]", UUID)
 
 
 def _fence(leases: Collection[Lease]) -> ColumnElement[bool]:

@@ -1,0 +1,239 @@
+"""Plans and the sync driver: every operation written once, for sync and async callers.
+
+This module owns how an operation of :mod:`sqlaq.ops` (or :mod:`sqlaq.periodic`) meets
+a connection. It must not know any operation: it holds no SQL and no queue logic.
+
+An operation is written as a **plan**: a generator that validates its input, yields
+each step it needs run on the caller's connection, is sent that step's result, and
+returns the operation's result. A plan does no I/O, so the same plan serves both kinds
+of caller (sans-IO, as h11 or the ``hyper-h2`` state machines do):
+
+* :func:`operation` turns a plan into the sync operation, run here by :func:`run` on a
+  :class:`~sqlalchemy.engine.Connection` or :class:`~sqlalchemy.orm.Session`;
+* :func:`sqlaq.asyncio.asynchronous` turns the same plan into its ``async`` twin, run by
+  the async driver on an ``AsyncConnection`` or ``AsyncSession``.
+
+Validation, statements, parameters, result shaping and retry loops live in the plan, so
+a twin cannot drift from its original; a driver only runs steps. The steps a plan may
+yield:
+
+* ``(statement, params)``: execute it; the result is the buffered ``CursorResult`` (both
+  drivers hand over rows already fetched);
+* :class:`Savepoint`: execute a statement inside a ``SAVEPOINT`` (on an autocommit
+  connection, where each statement is its own transaction, without one); the result,
+  or the :class:`~sqlalchemy.exc.DBAPIError` that rolled the savepoint back, for the
+  plan to judge;
+* :data:`AUTOCOMMIT`: whether the connection is in autocommit;
+* :class:`Copy`: ``COPY`` rows into a table through the driver's own connection, in the
+  caller's transaction; the number of rows.
+
+A sync operation handed an async object (and an async one handed a sync object) raises
+:class:`~sqlaq.errors.ConfigError` naming the function to use, before any SQL.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
+
+import psycopg
+import psycopg.sql
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from sqlaq.errors import ConfigError
+
+__all__ = [
+    "AUTOCOMMIT",
+    "Copy",
+    "Executor",
+    "Plan",
+    "Savepoint",
+    "operation",
+    "plan_of",
+    "run",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: What a sync operation runs on: a Core connection or an ORM session.
+Executor: TypeAlias = Connection | Session
+
+
+@dataclass(frozen=True, slots=True)
+class Savepoint:
+    """Step: execute *statement* inside a savepoint; the result, or the DBAPIError."""
+
+    statement: Any
+    params: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """Step: ``COPY`` *rows* into a table; the row count.
+
+    Attributes:
+        statement: ``COPY ... FROM STDIN`` for psycopg (from :mod:`sqlaq.queries`).
+        table: The table's name, for drivers that take the parts (asyncpg).
+        columns: The columns the rows fill, in order.
+        rows: The rows, tuples in *columns* order.
+        operation: The operation's name, for messages.
+    """
+
+    statement: psycopg.sql.Composed
+    table: str
+    columns: Sequence[str]
+    rows: Sequence[tuple[Any, ...]]
+    operation: str
+
+
+class _Autocommit:
+    """Step: whether the connection is in autocommit (see :data:`AUTOCOMMIT`)."""
+
+    def __repr__(self) -> str:
+        return "AUTOCOMMIT"
+
+
+#: Step: whether the caller's connection is in autocommit (a bool).
+AUTOCOMMIT = _Autocommit()
+
+#: What a plan yields: ``(statement, params)``, or one of the step objects above.
+Step: TypeAlias = tuple[Any, Mapping[str, Any] | None] | Savepoint | Copy | _Autocommit
+#: A plan: yields steps, is sent their results, returns the operation's result.
+Plan: TypeAlias = Generator[Step, Any, R]
+
+# The plan behind each operation, for plan_of and the async twins.
+_PLANS: dict[Callable[..., Any], Callable[..., Plan[Any]]] = {}
+# The types the sync driver takes without a second look (anything with .execute goes).
+_SYNC_TYPES = frozenset({Connection, Session})
+
+
+def operation(plan: Callable[P, Plan[R]]) -> Callable[Concatenate[Executor, P], R]:
+    """The sync operation of *plan*: ``op(conn, *args, **kwargs)`` runs
+    ``plan(*args, **kwargs)`` on *conn* with :func:`run`.
+
+    The operation takes the plan's name, docstring and signature, with ``conn`` first.
+    """
+    name = plan.__name__
+
+    def op(conn: Executor, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if type(conn) not in _SYNC_TYPES:
+            check_sync(conn, name, plan.__module__)
+        return run(conn, plan(*args, **kwargs))
+
+    op.__name__ = name
+    op.__qualname__ = plan.__qualname__
+    op.__doc__ = plan.__doc__
+    op.__module__ = plan.__module__
+    op.__signature__ = with_conn(plan, "Connection | Session")  # type: ignore[attr-defined]
+    _PLANS[op] = plan
+    return op
+
+
+def plan_of(op: Callable[Concatenate[Executor, P], R]) -> Callable[P, Plan[R]]:
+    """The plan behind the operation *op* (made by :func:`operation`): to run it inside
+    another plan (``result = yield from plan_of(ops.enqueue_many)(jobs)``), or to make
+    its async twin."""
+    try:
+        return _PLANS[op]
+    except KeyError:
+        raise TypeError(f"{op!r} is not an operation made by sqlaq.drive.operation") from None
+
+
+def with_conn(plan: Callable[..., Any], annotation: str) -> inspect.Signature:
+    """*plan*'s signature as its operation's: a positional ``conn`` parameter first, and
+    what the plan returns (``Plan[X]`` gives ``X``)."""
+    signature = inspect.signature(plan)
+    conn = inspect.Parameter("conn", inspect.Parameter.POSITIONAL_ONLY, annotation=annotation)
+    returns = signature.return_annotation
+    if isinstance(returns, str) and returns.startswith("Plan[") and returns.endswith("]"):
+        returns = returns[len("Plan[") : -1]
+    return signature.replace(
+        parameters=[conn, *signature.parameters.values()], return_annotation=returns
+    )
+
+
+def run(conn: Executor, plan: Plan[R]) -> R:
+    """Run *plan* on *conn*, step by step; return what it returns."""
+    try:
+        step = plan.send(None)
+        while True:
+            # Plain statements are nearly every step: they go first, with no lookup.
+            if type(step) is tuple:
+                step = plan.send(conn.execute(step[0], step[1]))
+            else:
+                step = plan.send(_special(conn, step))
+    except StopIteration as done:
+        value: R = done.value
+        return value
+
+
+def _special(conn: Executor, step: Step) -> Any:
+    if isinstance(step, Savepoint):
+        try:
+            if autocommit(conn):
+                return conn.execute(step.statement, step.params)
+            with conn.begin_nested():
+                return conn.execute(step.statement, step.params)
+        except DBAPIError as exc:
+            return exc
+    if step is AUTOCOMMIT:
+        return autocommit(conn)
+    if isinstance(step, Copy):
+        return _copy(conn, step)
+    raise TypeError(f"a plan yielded {step!r}, which is not a step")  # pragma: no cover
+
+
+def autocommit(conn: Executor) -> bool:
+    """Whether *conn* is in autocommit (a Session never is, unless bound otherwise)."""
+    if isinstance(conn, Session):
+        return False
+    # The driver's own flag: set however autocommit was asked for (engine or connection).
+    return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
+
+
+def _copy(conn: Executor, step: Copy) -> int:
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    if not connection.in_transaction():
+        connection.begin()  # what executing a statement would do: the caller commits
+    driver = connection.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        if isinstance(driver, psycopg.AsyncConnection) or hasattr(driver, "copy_records_to_table"):
+            hint = f"this connection runs an async driver: use sqlaq.asyncio.{step.operation}"
+        else:
+            hint = "use the psycopg driver (postgresql+psycopg://)"
+        raise ConfigError(f"{step.operation} needs COPY, which {driver!r} cannot run here: {hint}")
+    with driver.cursor() as cursor, cursor.copy(step.statement) as copy:
+        for row in step.rows:
+            copy.write_row(row)
+    return len(step.rows)
+
+
+def check_sync(conn: object, name: str, module: str) -> None:
+    """Refuse, before any SQL, what a sync operation cannot run on: async objects and
+    engines. Anything else with an ``execute`` is given a chance (a scoped_session)."""
+    kind = type(conn).__name__
+    if type(conn).__module__.startswith("sqlalchemy.ext.asyncio"):
+        raise ConfigError(
+            f"{public_name(name, module)} takes a Connection or Session, not an {kind}: "
+            f"use 'await sqlaq.asyncio.{name}(...)'"
+        )
+    if kind == "Engine" or not hasattr(conn, "execute"):
+        raise ConfigError(
+            f"{public_name(name, module)} takes a Connection or Session (it runs in your "
+            f"transaction), not {kind}: e.g. 'with engine.begin() as conn: "
+            f"sqlaq.{name}(conn, ...)'"
+        )
+
+
+def public_name(name: str, module: str) -> str:
+    """Where a sync operation is best imported from: ``sqlaq.<name>`` if exported."""
+    # The package, already imported (it is this module's parent); looked up, not imported,
+    # so that this low layer does not depend on the package's top.
+    package = sys.modules.get("sqlaq")
+    return f"sqlaq.{name}" if hasattr(package, name) else f"{module}.{name}"
