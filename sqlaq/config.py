@@ -34,8 +34,11 @@ __all__ = [
 ]
 
 DEFAULT_QUEUES: tuple[str, ...] = (DEFAULT_QUEUE,)
-#: Jobs run at once: sync handlers each hold a thread, async ones a slot on the loop.
-DEFAULT_CONCURRENCY = 10
+#: Jobs run at once, at most: sync handlers each hold a thread, async ones a slot on the
+#: loop. A ceiling, not a cost: threads start only as jobs need them (ten due jobs start
+#: ten), and claims take only what is due. With transactional handlers the default is
+#: lowered to what the engine's pool holds.
+DEFAULT_CONCURRENCY = 100
 #: How often the worker looks for due jobs without being notified: scheduled jobs,
 #: retries, expired leases, and notifications lost while the listener was down.
 DEFAULT_POLL_INTERVAL = timedelta(seconds=5)

@@ -152,6 +152,8 @@ def test_the_pool_must_hold_a_connection_per_transactional_handler(database_url:
         with pytest.raises(sqlaq.ConfigError, match=r"holds at most 3 connections.* needs 12"):
             sqlaq.Worker(small, registry, concurrency=10)
         sqlaq.Worker(small, registry, concurrency=1)  # 1 + 2 fit
+        fitted = sqlaq.Worker(small, registry)  # the default is lowered to fit the pool
+        assert fitted.config.concurrency == 1
         plain = sqlaq.Registry()
         plain.handler("p")(lambda payload: None)
         sqlaq.Worker(small, plain, concurrency=10)  # plain handlers: batched, no check

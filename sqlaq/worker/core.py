@@ -150,6 +150,8 @@ class Worker:
         self._writer = Writer(engine, self._wake.set)
         sorts = {h.is_async for h in registry}
         self._sessions = Sessions(engine, registry, config.concurrency, sessionmaker)
+        if self._sessions.concurrency != config.concurrency:  # the default, fitted to the pool
+            config = self.config = replace(config, concurrency=self._sessions.concurrency)
         self._runner = Runner(
             config.concurrency,
             self._handler_finished,

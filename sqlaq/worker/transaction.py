@@ -16,6 +16,7 @@ the job's ``done``, once); for effects elsewhere, still at least once.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from time import perf_counter
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker as orm_sessionmaker
 
 from sqlaq import ops
+from sqlaq.config import DEFAULT_CONCURRENCY
 from sqlaq.context import bind, unbind
 from sqlaq.errors import ConfigError
 from sqlaq.outcome import LOST, Outcome, Verdict, decide
@@ -40,6 +42,9 @@ __all__ = ["AsyncSessionFactory", "SessionFactory", "Sessions", "run_async", "ru
 #: returning a Session usable as a context manager).
 SessionFactory = Callable[[], AbstractContextManager[Session]]
 AsyncSessionFactory = Callable[[], AbstractAsyncContextManager[Any]]
+
+
+_log = logging.getLogger(__name__)
 
 
 class _LeaseGone(Exception):
@@ -162,6 +167,9 @@ class Sessions:
     ) -> None:
         self.sync: SessionFactory | None = None
         self.async_: AsyncSessionFactory | None = None
+        #: The worker's concurrency, lowered to what the pool holds when it was the
+        #: default (an explicit one the pool cannot hold is refused).
+        self.concurrency = concurrency
         self._async_engine: Any = None
         kinds = [h for h in registry if h.transaction]
         if not kinds:
@@ -171,7 +179,7 @@ class Sessions:
             factory = sessionmaker if sessionmaker is not None and not given_async else None
             self.sync = factory or orm_sessionmaker(bind=engine)
             bind = getattr(factory, "kw", {}).get("bind", engine) if factory else engine
-            _check_pool(bind, concurrency)
+            self.concurrency = _fit_pool(bind, concurrency)
         if any(h.is_async for h in kinds):
             self.async_ = sessionmaker if given_async else self._default_async(engine)
 
@@ -198,18 +206,33 @@ def _is_async_factory(factory: object) -> bool:
     return type(factory).__name__ == "async_sessionmaker"
 
 
-def _check_pool(engine: Any, concurrency: int) -> None:
+def _fit_pool(engine: Any, concurrency: int) -> int:
+    """*concurrency*, if the engine's pool holds a connection per transactional handler
+    plus two (the worker's claims and writer); the default concurrency is lowered to fit.
+
+    Raises:
+        ConfigError: an explicit concurrency the pool cannot hold.
+    """
     pool = getattr(engine, "pool", None)
     size = getattr(pool, "size", None)
     overflow = getattr(pool, "_max_overflow", None)
     if not callable(size) or not isinstance(overflow, int) or overflow < 0:
-        return  # not a bounded QueuePool (NullPool, StaticPool...): nothing to check
-    capacity = size() + overflow
+        return concurrency  # not a bounded QueuePool (NullPool, StaticPool...)
+    capacity = int(size()) + overflow
     needed = concurrency + 2
-    if capacity < needed:
-        raise ConfigError(
-            f"the engine's pool holds at most {capacity} connections, but a worker with "
-            f"concurrency {concurrency} running transactional handlers needs {needed} "
-            "(one per handler, plus its claims and its writer): "
-            f"create_engine(..., pool_size={needed}) or a larger max_overflow"
+    if capacity >= needed:
+        return concurrency
+    if concurrency == DEFAULT_CONCURRENCY and capacity >= 3:
+        _log.info(
+            "transactional handlers: concurrency %d (the engine's pool holds %d "
+            "connections; pass concurrency= and a larger pool for more)",
+            capacity - 2,
+            capacity,
         )
+        return capacity - 2
+    raise ConfigError(
+        f"the engine's pool holds at most {capacity} connections, but a worker with "
+        f"concurrency {concurrency} running transactional handlers needs {needed} "
+        "(one per handler, plus its claims and its writer): "
+        f"create_engine(..., pool_size={needed}) or a larger max_overflow"
+    )
