@@ -404,7 +404,8 @@ def pgbouncer(session: nox.Session) -> None:
     if not initdbs:
         session.error(f"no PostgreSQL server binaries under {DEBIAN_POSTGRES} (postgresql-NN)")
     session.install("-e", ".[test]")
-    report = Path(session.create_tmp()).resolve() / "pgbouncer-report.json"
+    # Not create_tmp(): it points TMPDIR into the checkout.
+    report = Path(session.virtualenv.location).resolve() / "pgbouncer-report.json"
     report.unlink(missing_ok=True)
     bin_dir = initdbs[-1].parent
     with _throwaway_server(bin_dir, bin_dir.parts[-2]) as server, _pgbouncer(binary, server) as url:
