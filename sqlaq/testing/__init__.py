@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from time import perf_counter
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from sqlalchemy import Connection, Row
@@ -33,16 +33,26 @@ from sqlalchemy.orm import Session
 from sqlaq import ops, queries
 from sqlaq.context import JobContext, bind, unbind
 from sqlaq.encoding import check_duration
+from sqlaq.errors import ConfigError
 from sqlaq.lease import Lease
 from sqlaq.outcome import decide
 from sqlaq.registry import Registry
 from sqlaq.schema import JobStatus
 from sqlaq.worker import transaction
 from sqlaq.worker.run import Finished, Run
-from sqlaq.worker.transaction import SessionFactory
+from sqlaq.worker.transaction import AsyncSessionFactory, SessionFactory
 from sqlaq.worker.writer import write_outcomes
 
-__all__ = ["DrainedJob", "assert_enqueued", "drain", "enqueued_jobs"]
+__all__ = [
+    "DrainedJob",
+    "assert_enqueued",
+    "drain",
+    "drain_async",
+    "enqueued_jobs",
+    "travel",
+]
+
+T = TypeVar("T")
 
 #: The lease drain's claims hold (nothing else runs in the test's transaction).
 DRAIN_LEASE = timedelta(minutes=5)
@@ -81,6 +91,7 @@ def drain(
     queues: Sequence[str] | None = None,
     max_jobs: int = 1000,
     sessionmaker: SessionFactory | None = None,
+    _async_sessions: AsyncSessionFactory | None = None,
 ) -> list[DrainedJob]:
     """Run every due job inline, one at a time, and write each outcome.
 
@@ -123,8 +134,39 @@ def drain(
         connection = conn.connection() if isinstance(conn, Session) else conn
         sessions = sessionmaker or _savepoint_sessions(connection)
         for job in claimed:
-            results.append(_run(connection, registry, job, sessions))
+            results.append(_run(connection, registry, job, sessions, _async_sessions))
     return results
+
+
+async def drain_async(
+    conn: Any,
+    registry: Registry,
+    *,
+    queues: Sequence[str] | None = None,
+    max_jobs: int = 1000,
+) -> list[DrainedJob]:
+    """:func:`drain` for async tests: on the test's ``AsyncConnection`` or
+    ``AsyncSession``, inside its transaction.
+
+    The same drain runs through ``run_sync``; ``async`` handlers are awaited on the
+    test's own event loop (not a loop of their own), and an ``async`` transactional
+    handler gets an ``AsyncSession`` on the test's connection, in a SAVEPOINT of its
+    transaction.
+    """
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    async_conn = await conn.connection() if isinstance(conn, AsyncSession) else conn
+
+    def async_sessions() -> Any:
+        return AsyncSession(bind=async_conn, join_transaction_mode="create_savepoint")
+
+    def run(sync_conn: Connection) -> list[DrainedJob]:
+        return drain(
+            sync_conn, registry, queues=queues, max_jobs=max_jobs, _async_sessions=async_sessions
+        )
+
+    result: list[DrainedJob] = await async_conn.run_sync(run)
+    return result
 
 
 def _savepoint_sessions(connection: Connection) -> SessionFactory:
@@ -139,7 +181,11 @@ def _due_queues(conn: ops.Executor) -> list[str]:
 
 
 def _run(
-    conn: Connection, registry: Registry, job: ops.ClaimedJob, sessions: SessionFactory
+    conn: Connection,
+    registry: Registry,
+    job: ops.ClaimedJob,
+    sessions: SessionFactory,
+    async_sessions: AsyncSessionFactory | None,
 ) -> DrainedJob:
     """Run *job*'s handler, decide its outcome and write it, as a worker would."""
     handler = registry.get(job.kind)
@@ -149,7 +195,14 @@ def _run(
         return lease
 
     run = Run.of(job, handler, DRAIN_LEASE, renew)
-    if handler is not None and handler.transaction:
+    if handler is not None and handler.transaction and handler.is_async:
+        if async_sessions is None:
+            raise ConfigError(
+                f"the handler of {job.kind!r} is an async transactional handler: drain it "
+                "with sqlaq.testing.drain_async on the test's AsyncConnection or AsyncSession"
+            )
+        finished = _run_coroutine(transaction.run_async(run, async_sessions))
+    elif handler is not None and handler.transaction:
         finished = transaction.run_sync(run, sessions)
     else:
         error: BaseException | None = None
@@ -160,7 +213,7 @@ def _run(
             try:
                 returned = handler.func(job.payload)
                 if inspect.isawaitable(returned):
-                    returned = asyncio.run(_await(returned))
+                    returned = _run_coroutine(_await(returned, run.context))
             except Exception as exc:
                 error = exc
             finally:
@@ -184,8 +237,22 @@ def _run(
     )
 
 
-async def _await(outcome: Any) -> Any:
-    return await outcome
+def _run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run *coroutine* to its end: on the test's event loop when drain runs inside
+    ``run_sync`` (:func:`drain_async`), else on a loop of its own."""
+    from sqlalchemy.util.concurrency import await_only, in_greenlet
+
+    if in_greenlet():
+        return await_only(coroutine)
+    return asyncio.run(coroutine)
+
+
+async def _await(awaitable: Any, context: JobContext) -> Any:
+    token = bind(context)  # current_job() in the handler, whichever loop runs it
+    try:
+        return await awaitable
+    finally:
+        unbind(token)
 
 
 def travel(conn: ops.Executor, by: timedelta) -> None:
