@@ -30,10 +30,10 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 import psycopg
-from sqlalchemy import Connection, Row
+from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 from sqlaq import ops, periodic, queries, testing
 from sqlaq.drive import AUTOCOMMIT, Copy, Executor, Plan, Savepoint, plan_of, public_name, with_conn
@@ -126,14 +126,14 @@ async def _special(conn: AsyncExecutor, step: Any) -> Any:
 
 
 async def _autocommit(conn: AsyncExecutor) -> bool:
-    if isinstance(conn, AsyncSession):
-        return False  # a Session's transaction is a real one, unless bound otherwise
+    if not isinstance(conn, AsyncConnection):
+        return False  # an AsyncSession (or a scoped one): its transaction is a real one
     raw = await conn.get_raw_connection()
     return bool(getattr(raw.dbapi_connection, "autocommit", False))
 
 
 async def _copy(conn: AsyncExecutor, step: Copy) -> int:
-    connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+    connection = conn if isinstance(conn, AsyncConnection) else await conn.connection()
     if not connection.in_transaction():
         await connection.begin()  # what executing a statement would do: the caller commits
     raw = await connection.get_raw_connection()
@@ -160,12 +160,12 @@ def _check_async(conn: object, name: str, module: str) -> None:
     if isinstance(conn, AsyncConnection | AsyncSession):
         return  # a subclass
     kind = type(conn).__name__
-    if isinstance(conn, Connection | Session):
+    if isinstance(conn, Connection | Session | scoped_session):
         raise ConfigError(
             f"sqlaq.asyncio.{name} takes an AsyncConnection or AsyncSession, not a {kind}: "
             f"use '{public_name(name, module)}(...)', not awaited, on a {kind}"
         )
-    if hasattr(conn, "execute") and not type(conn).__module__.startswith("sqlalchemy"):
+    if hasattr(conn, "execute") and not isinstance(conn, Engine):
         return  # given a chance, like the sync driver does (an async_scoped_session)
     raise ConfigError(
         f"sqlaq.asyncio.{name} takes an AsyncConnection or AsyncSession (it runs in your "

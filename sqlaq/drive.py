@@ -191,14 +191,14 @@ def _special(conn: Executor, step: Step) -> Any:
 
 def autocommit(conn: Executor) -> bool:
     """Whether *conn* is in autocommit (a Session never is, unless bound otherwise)."""
-    if isinstance(conn, Session):
-        return False
+    if not isinstance(conn, Connection):
+        return False  # a Session, or a scoped_session: its transaction is a real one
     # The driver's own flag: set however autocommit was asked for (engine or connection).
     return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
 def _copy(conn: Executor, step: Copy) -> int:
-    connection = conn.connection() if isinstance(conn, Session) else conn
+    connection = conn if isinstance(conn, Connection) else conn.connection()
     if not connection.in_transaction():
         connection.begin()  # what executing a statement would do: the caller commits
     driver = connection.connection.driver_connection

@@ -9,6 +9,7 @@ about commit and notifications clean up through the ``committed`` fixture.
 from __future__ import annotations
 
 import uuid
+from asyncio import current_task
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -29,8 +30,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_scoped_session,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 from sqlalchemy.pool import NullPool
 from workerkit import libpq_url
 
@@ -440,3 +447,26 @@ async def test_the_readme_sample_runs(async_engine: AsyncEngine) -> None:
         ("email", "seller"),
     ]
     assert len(await namespace["run_some"](async_engine)) == 5
+
+
+async def test_scoped_sessions_go_to_their_own_kind_of_operation(
+    async_engine: AsyncEngine, engine: Engine
+) -> None:
+    scoped = async_scoped_session(async_sessionmaker(async_engine), scopefunc=current_task)
+    try:
+        await aq.enqueue_copy(scoped, [NewJob("k")])
+        limited = await aq.claim_limited(scoped, worker_id=uuid.uuid4(), kind="k")
+        assert len(limited.jobs) == 1
+        await scoped.rollback()
+    finally:
+        await scoped.remove()
+    sync_scoped = scoped_session(sessionmaker(engine))
+    try:
+        assert not sqlaq.enqueue(sync_scoped, "k").duplicate
+        with pytest.raises(ConfigError, match=r"use 'sqlaq\.enqueue\(\.\.\.\)', not awaited"):
+            await aq.enqueue(sync_scoped, "k")  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"use 'await sqlaq\.asyncio\.enqueue\(\.\.\.\)'"):
+            sqlaq.enqueue(scoped, "k")  # type: ignore[arg-type]
+        sync_scoped.rollback()
+    finally:
+        sync_scoped.remove()
