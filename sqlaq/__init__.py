@@ -10,6 +10,7 @@ from sqlaq import migrations, queries
 from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
 from sqlaq.config import WorkerConfig
 from sqlaq.context import JobContext, current_job
+from sqlaq.control import PausedQueue, WorkerInfo, list_workers, pause, paused_queues, resume
 from sqlaq.encoding import NewJob
 from sqlaq.errors import (
     ConfigError,
@@ -21,6 +22,7 @@ from sqlaq.errors import (
     Snooze,
     SqlaqError,
 )
+from sqlaq.explain import Reason, ReasonCode, explain
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate
 from sqlaq.models import Job
@@ -69,10 +71,13 @@ __all__ = [
     "LeaseLostError",
     "LimitedClaim",
     "NewJob",
+    "PausedQueue",
     "Periodic",
     "PermanentError",
     "PruneResult",
     "Rate",
+    "Reason",
+    "ReasonCode",
     "Registry",
     "SchemaOutOfDateError",
     "Snooze",
@@ -80,6 +85,7 @@ __all__ = [
     "WaitTimeoutError",
     "Worker",
     "WorkerConfig",
+    "WorkerInfo",
     "cancel",
     "claim",
     "claim_limited",
@@ -89,15 +95,20 @@ __all__ = [
     "enqueue_copy",
     "enqueue_many",
     "enqueue_periodic",
+    "explain",
     "extend_lease",
     "fail",
     "handback",
     "jobs",
+    "list_workers",
     "metadata",
     "migrations",
+    "pause",
+    "paused_queues",
     "prune",
     "queries",
     "result",
+    "resume",
     "retry",
     "snooze",
     "sweep",

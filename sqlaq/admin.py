@@ -1,15 +1,17 @@
 """The operator command ``sqlaq``: look at the queue and fix it, from a shell.
 
-Subcommands: ``migrate``, ``check``, ``stats``, ``list``, ``show``, ``retry``, ``cancel``,
-``prune``, ``enqueue``, ``dashboard`` (serves :mod:`sqlaq.dashboard`). Each takes
+Subcommands: ``migrate``, ``check`` (``--deep``), ``stats``, ``list``, ``show``,
+``explain``, ``retry``, ``cancel``, ``prune``, ``enqueue``, ``pause``, ``resume``,
+``workers``, ``dashboard`` (serves :mod:`sqlaq.dashboard`). Each takes
 ``--database-url`` (else ``SQLAQ_DATABASE_URL``, else ``DATABASE_URL``). This module
-turns argv into calls of :mod:`sqlaq.ops` and :mod:`sqlaq.migrations` and prints the
-result; its statements come from
+turns argv into calls of :mod:`sqlaq.ops`, :mod:`sqlaq.control`, :mod:`sqlaq.explain`
+and :mod:`sqlaq.migrations` and prints the result; its statements come from
 :mod:`sqlaq.queries`. Only :func:`main` reads ``os.environ``; :func:`run` is handed
 the environment. Its shared parts (errors, the database URL and engine) are
 :mod:`sqlaq.commandline`'s; it imports nothing of ``cli.py``.
 
-Exit codes: 0 done; 1 ``check`` found the schema out of date, or ``show`` found no such
+Exit codes: 0 done; 1 ``check`` found the schema out of date (or, with ``--deep``,
+different from what its revision creates), or ``show`` or ``explain`` found no such
 job; 2 a usage error (a bad flag or value: out of range, not text, bad JSON; a payload
 ``enqueue`` refuses; an unreachable database; a schema older than this sqlaq, with the
 command to run), printed as one line without a traceback.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -28,7 +31,7 @@ from typing import Any, NoReturn, TextIO
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
-from sqlaq import migrations, ops, queries
+from sqlaq import control, migrations, ops, queries
 from sqlaq.commandline import (
     EXIT_USAGE,
     CommandParser,
@@ -36,11 +39,14 @@ from sqlaq.commandline import (
     database_engine,
     database_url,
     db_error,
+    load_registry,
     one_line,
     typed,
 )
 from sqlaq.errors import SchemaOutOfDateError, SqlaqError
+from sqlaq.explain import DEFAULT_STALE_AFTER, explain
 from sqlaq.option import BIGINT_MAX, Choice, Duration, Integer, Text
+from sqlaq.results import JobNotFoundError
 from sqlaq.schema import FINISHED_STATUSES, JobStatus
 
 __all__ = ["BATCH_SIZE", "build_parser", "main", "run"]
@@ -93,7 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("migrate", parents=[common], help="apply sqlaq's revisions (no Alembic)")
     p.add_argument("--sql", action="store_true", help="print the DDL instead of running it")
-    sub.add_parser("check", parents=[common], help="exit 1 unless the schema is at sqlaq's head")
+    p = sub.add_parser(
+        "check", parents=[common], help="exit 1 unless the schema is at sqlaq's head"
+    )
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="also compare every index, constraint, trigger, function and storage setting "
+        "with what the head revision creates; print each difference and its fix",
+    )
 
     p = sub.add_parser("stats", parents=[common], help="counts, oldest due job, expired leases")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -110,6 +124,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", parents=[common], help="one job, every column")
     p.add_argument("id", type=typed(_ID, "ID"))
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("explain", parents=[common], help="why a job is not running")
+    p.add_argument("id", type=typed(_ID, "ID"))
+    p.add_argument(
+        "--app",
+        type=typed(Text(), "--app"),
+        help="module:attribute naming the sqlaq.Registry, to check its limits and handlers",
+    )
+    p.add_argument(
+        "--stale-after",
+        type=typed(Duration(minimum=timedelta(seconds=1)), "--stale-after"),
+        default=DEFAULT_STALE_AFTER,
+        help="a worker not seen for this long does not serve its queues (default 5m)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
     for name, what in (("retry", "failed or cancelled"), ("cancel", "queued or running")):
@@ -134,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay", type=typed(Duration(), "--delay"), default=timedelta(0))
     p.add_argument("--max-attempts", type=typed(_INT4_POSITIVE, "--max-attempts"), default=5)
     p.add_argument("--dedupe-key", type=typed(Text(), "--dedupe-key"))
+
+    p = sub.add_parser("pause", parents=[common], help="stop every worker claiming from a queue")
+    p.add_argument("queue", type=typed(Text(), "QUEUE"), metavar="QUEUE")
+    p.add_argument("--by", type=typed(Text(), "--by"), help="who pauses it (default: user@host)")
+    p = sub.add_parser("resume", parents=[common], help="let workers claim from a queue again")
+    p.add_argument("queue", type=typed(Text(), "QUEUE"), metavar="QUEUE")
+
+    p = sub.add_parser("workers", parents=[common], help="the workers' heartbeat rows")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
     p = sub.add_parser("dashboard", parents=[common], help="serve the web dashboard")
     p.add_argument("--host", type=typed(Text(), "--host"), default="127.0.0.1")
@@ -161,6 +199,9 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = No
         if args.command == "migrate" and args.sql:
             out.write(migrations.upgrade_sql())
             return 0
+        if args.command == "pause" and args.by is None:
+            user = environ.get("USER") or environ.get("LOGNAME") or "unknown"
+            args.by = f"{user}@{socket.gethostname()}"
         url = database_url(args.database_url, environ)
         engine = database_engine(url, application_name="sqlaq-admin", notice=_notice)
         try:
@@ -227,11 +268,17 @@ def _migrate(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
 def _check(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     with engine.connect() as conn:
         try:
-            revision = migrations.check(conn)
-        except SchemaOutOfDateError as exc:
+            revision = migrations.check(conn, deep=args.deep)
+        except SchemaOutOfDateError as exc:  # SchemaDriftError: one line per difference
             print(f"sqlaq: {exc}", file=sys.stderr)
             return 1
     print(f"sqlaq schema is at {revision} (head)", file=out)
+    if args.deep:
+        print(
+            "its tables, indexes, constraints, triggers, functions and storage settings "
+            f"are as {revision} creates them",
+            file=out,
+        )
     return 0
 
 
@@ -239,8 +286,13 @@ def _stats(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     with engine.connect() as conn:
         counts = conn.execute(queries.stats_counts_stmt()).all()
         health = conn.execute(queries.stats_health_stmt()).all()
+        paused = control.paused_queues(conn)
     if args.json:
         data = {
+            "paused": [
+                {"queue": p.queue, "paused_at": p.paused_at.isoformat(), "paused_by": p.paused_by}
+                for p in paused
+            ],
             "counts": [{"queue": q, "kind": k, "status": s, "count": n} for q, k, s, n in counts],
             "queues": [
                 {
@@ -276,6 +328,13 @@ def _stats(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
             for h in health
         ],
     )
+    if paused:
+        print(file=out)
+        _print_table(
+            out,
+            ["paused queue", "since", "by"],
+            [[p.queue, _time(p.paused_at), p.paused_by or "-"] for p in paused],
+        )
     return 0
 
 
@@ -330,6 +389,77 @@ def _show(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
         text = "\n".join(f"{'':{width + 2}}{line}" for line in str(shown).splitlines()[1:])
         first = str(shown).splitlines()[0] if str(shown) else ""
         print(f"{key:<{width}}  {first}" + (f"\n{text}" if text else ""), file=out)
+    return 0
+
+
+def _explain(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    registry = load_registry(args.app) if args.app else None
+    with engine.connect() as conn:
+        try:
+            reasons = explain(conn, args.id, registry=registry, stale_after=args.stale_after)
+        except JobNotFoundError:
+            print(f"sqlaq: no job {args.id}", file=sys.stderr)
+            return 1
+    if args.json:
+        data = [{"code": str(r.code), "message": r.message} for r in reasons]
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    for reason in reasons:
+        print(reason, file=out)
+    return 0
+
+
+def _pause(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    with engine.begin() as conn:
+        paused = control.pause(conn, args.queue, by=args.by)
+    state = "paused" if paused else "was paused already"
+    print(f"queue {args.queue!r} {state}: no worker claims its jobs until it is resumed", file=out)
+    return 0
+
+
+def _resume(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    with engine.begin() as conn:
+        resumed = control.resume(conn, args.queue)
+    state = "resumed: its workers were woken" if resumed else "was not paused"
+    print(f"queue {args.queue!r} {state}", file=out)
+    return 0
+
+
+def _workers(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    with engine.connect() as conn:
+        found = control.list_workers(conn)
+    if args.json:
+        data = [
+            {
+                "worker_id": str(w.worker_id),
+                "hostname": w.hostname,
+                "pid": w.pid,
+                "queues": list(w.queues),
+                "concurrency": w.concurrency,
+                "started_at": w.started_at.isoformat(),
+                "last_seen_at": w.last_seen_at.isoformat(),
+                "seen_seconds_ago": _seconds(w.seen_ago),
+            }
+            for w in found
+        ]
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    _print_table(
+        out,
+        ["worker", "host", "pid", "queues", "concurrency", "started", "last seen"],
+        [
+            [
+                str(w.worker_id),
+                w.hostname,
+                str(w.pid),
+                ",".join(w.queues),
+                str(w.concurrency),
+                _time(w.started_at),
+                f"{_age(w.seen_ago)} ago",
+            ]
+            for w in found
+        ],
+    )
     return 0
 
 
@@ -462,10 +592,14 @@ _COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
     "stats": _stats,
     "list": _list,
     "show": _show,
+    "explain": _explain,
     "retry": _retry,
     "cancel": _cancel,
     "prune": _prune,
     "enqueue": _enqueue,
+    "pause": _pause,
+    "resume": _resume,
+    "workers": _workers,
     "dashboard": _dashboard,
 }
 

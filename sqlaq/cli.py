@@ -24,7 +24,6 @@ re-exported from here.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -47,6 +46,7 @@ from sqlaq.commandline import (
     check_listen_url,
     database_engine,
     database_url,
+    load_registry,
     one_line,
     typed,
 )
@@ -54,7 +54,6 @@ from sqlaq.config import WORKER_OPTIONS, WorkerConfig
 from sqlaq.errors import ConfigError
 from sqlaq.logformat import configure_logging
 from sqlaq.option import Boolean, Choice, Integer, Option, Text, parse_bool, parse_duration
-from sqlaq.registry import Registry
 from sqlaq.worker import WORKER_APPLICATION_NAME, Worker
 
 if TYPE_CHECKING:
@@ -213,39 +212,6 @@ def _checked(option: Option, value: Any, label: str) -> Any:
         return option.domain.check(value, label)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-
-
-# -- loading the registry --------------------------------------------------------------
-
-
-def load_registry(spec: str) -> Registry:
-    """Import ``module:attribute`` and return it if it is a :class:`~sqlaq.Registry`.
-
-    The current directory is importable, as when running ``python -m``.
-
-    Raises:
-        UsageError: a malformed spec, a module that cannot be imported, a missing
-            attribute, or an attribute that is not a Registry.
-    """
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise UsageError(f"APP must be module:attribute, e.g. myapp.jobs:registry; got {spec!r}")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        target: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        # A missing module (ours or a dependency of it) is an environment problem: say
-        # which module; an error inside the module's own code keeps its traceback.
-        raise UsageError(f"cannot import {module_name!r} (from APP {spec!r}): {exc}") from None
-    for part in attribute.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if not isinstance(target, Registry):
-        raise UsageError(f"{spec} is a {type(target).__name__}, not a sqlaq.Registry")
-    return target
 
 
 # -- running ---------------------------------------------------------------------------

@@ -11,7 +11,10 @@ any of the three. It reads no environment itself: the commands hand it theirs.
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
@@ -23,7 +26,8 @@ from sqlaq import migrations, queries
 from sqlaq.errors import ConfigError, SchemaOutOfDateError
 from sqlaq.maintenance import direct_engine
 from sqlaq.option import Domain, PrepareThreshold, Text
-from sqlaq.schema import PERIODIC_TABLE, RATES_TABLE, TABLE_NAME
+from sqlaq.registry import Registry
+from sqlaq.schema import PAUSED_TABLE, PERIODIC_TABLE, RATES_TABLE, TABLE_NAME, WORKERS_TABLE
 
 __all__ = [
     "EXIT_USAGE",
@@ -36,6 +40,7 @@ __all__ = [
     "database_engine",
     "database_url",
     "db_error",
+    "load_registry",
     "one_line",
     "redact",
     "typed",
@@ -49,11 +54,14 @@ EXIT_USAGE = 2
 #: What a worker does on each of sqlaq's tables: claims and outcomes update jobs,
 #: periodic jobs and handlers insert them, the leader deletes finished ones; limited
 #: claims keep their rate log up to date (an upsert), periodic slots are locked and
-#: advanced (``FOR UPDATE`` needs UPDATE too).
+#: advanced (``FOR UPDATE`` needs UPDATE too); every claim reads the paused queues; each
+#: worker keeps its heartbeat row, and the leader deletes stale ones.
 WORKER_PRIVILEGES: Mapping[str, tuple[str, ...]] = {
     TABLE_NAME: ("SELECT", "INSERT", "UPDATE", "DELETE"),
     RATES_TABLE: ("SELECT", "INSERT", "UPDATE"),
     PERIODIC_TABLE: ("SELECT", "INSERT", "UPDATE"),
+    PAUSED_TABLE: ("SELECT",),
+    WORKERS_TABLE: ("SELECT", "INSERT", "UPDATE", "DELETE"),
 }
 
 #: Async drivers an application's ``DATABASE_URL`` often names: the commands are
@@ -258,6 +266,36 @@ def check_privileges(missing: Any) -> None:
     lacking = "; ".join(f"{', '.join(p)} on {t}" for t, p in by_table.items())
     grants = "; ".join(f"GRANT {', '.join(p)} ON {t} TO <role>" for t, p in by_table.items())
     raise UsageError(f"the database role lacks privileges the worker needs: {lacking} ({grants})")
+
+
+def load_registry(spec: str) -> Registry:
+    """Import ``module:attribute`` and return it if it is a :class:`~sqlaq.Registry`.
+
+    The current directory is importable, as when running ``python -m``.
+
+    Raises:
+        UsageError: a malformed spec, a module that cannot be imported, a missing
+            attribute, or an attribute that is not a Registry.
+    """
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise UsageError(f"APP must be module:attribute, e.g. myapp.jobs:registry; got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        # A missing module (ours or a dependency of it) is an environment problem: say
+        # which module; an error inside the module's own code keeps its traceback.
+        raise UsageError(f"cannot import {module_name!r} (from APP {spec!r}): {exc}") from None
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(target, Registry):
+        raise UsageError(f"{spec} is a {type(target).__name__}, not a sqlaq.Registry")
+    return target
 
 
 def db_error(exc: sa_exc.DBAPIError) -> str:

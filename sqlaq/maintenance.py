@@ -1,7 +1,13 @@
-"""The worker's maintenance thread: periodic jobs on every worker, upkeep on one.
+"""The worker's maintenance thread: heartbeat and periodic jobs on every worker, upkeep
+on one.
 
 This module owns one daemon thread per worker and what it does each round:
 
+* **The heartbeat, on every worker** (even with maintenance off: then it is all the
+  thread does). The worker's row in ``sqlaq_workers`` (host, pid, queues, concurrency)
+  is written at start and its ``last_seen_at`` moved once per interval; the row is
+  deleted when the thread stops (the worker stops cleanly). ``sqlaq workers`` lists
+  the rows and ``sqlaq explain`` reads them (no worker serves a job's queue).
 * **Periodic jobs, on every worker.** :func:`sqlaq.periodic.enqueue_periodic` in a short
   transaction of its own; the database makes each slot enqueue once, so every worker may
   try. Rounds are timed to each slot boundary as well as to the interval, so a job is
@@ -15,7 +21,8 @@ This module owns one daemon thread per worker and what it does each round:
   deletes done and cancelled jobs finished more than ``retain_done`` ago and failed
   jobs more than ``retain_failed`` ago (in batches, each committed on its own), and
   sweeps expired leases (a last attempt fails, others are queued again), so a crashed
-  worker's jobs end even in a queue nobody claims from.
+  worker's jobs end even in a queue nobody claims from; and deletes the heartbeat rows
+  of workers not seen for :data:`STALE_INTERVALS` intervals (killed ones).
 
 The leader runs its upkeep on the very connection that holds the lock: if that
 connection is lost, its statements fail and it stops leading before anyone else can
@@ -26,11 +33,14 @@ round; the thread never takes the worker down.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from time import monotonic
 from typing import TypeVar
+from uuid import UUID
 
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
@@ -53,6 +63,8 @@ BATCH = 1000
 #: At most this many batches of each kind per round, so one round stays short; the rest
 #: waits for the next round.
 MAX_BATCHES = 100
+#: The leader deletes the heartbeat rows of workers not seen for this many intervals.
+STALE_INTERVALS = 10
 #: How long after a slot boundary the round that enqueues it runs (the database's clock
 #: and this host's may differ a little; a round that is early enqueues nothing).
 _SLOT_MARGIN = 0.05
@@ -86,18 +98,41 @@ class Maintenance:
     Args:
         engine: The queue's database.
         periodics: The periodic jobs to enqueue.
-        config: The worker's options (``maintenance_interval``, ``retain_done``,
-            ``retain_failed``).
+        config: The worker's options (``maintenance``, ``maintenance_interval``,
+            ``retain_done``, ``retain_failed``, ``listen_url``, and ``queues`` and
+            ``concurrency`` for the heartbeat row). With ``maintenance`` off, the thread
+            keeps the heartbeat only: no periodic jobs, no election.
         name: Who this is, in log lines (the worker's id).
+        worker_id: The worker whose heartbeat row to keep; None keeps none.
 
     Attributes:
         leading: Set while this worker is the leader.
     """
 
     def __init__(
-        self, engine: Engine, periodics: Sequence[Periodic], config: WorkerConfig, name: str
+        self,
+        engine: Engine,
+        periodics: Sequence[Periodic],
+        config: WorkerConfig,
+        name: str,
+        *,
+        worker_id: UUID | None = None,
     ) -> None:
         self._engine = engine
+        self._upkeeping = config.maintenance
+        self._worker_id = worker_id
+        self._heartbeat_stmt = (
+            None
+            if worker_id is None
+            else queries.heartbeat_stmt(
+                worker_id=worker_id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                queues=config.queues,
+                concurrency=config.concurrency,
+            )
+        )
+        self._beating = False  # its row was written (and not deleted since)
         # The leader's lock needs a session that stays on one server connection: with
         # listen_url, a direct one (a pooler in transaction mode would move it).
         self._lead_engine = (
@@ -105,7 +140,7 @@ class Maintenance:
             if config.listen_url
             else engine
         )
-        self._periodics = list(periodics)
+        self._periodics = list(periodics) if config.maintenance else []
         self._interval = config.maintenance_interval.total_seconds()
         self._retain_done = config.retain_done
         self._retain_failed = config.retain_failed
@@ -138,6 +173,7 @@ class Maintenance:
                 self._stopping.wait(wait)
         finally:
             self._resign()
+            self._forget()
 
     def _round(self) -> float:
         """One round; returns how long to wait before the next."""
@@ -146,7 +182,10 @@ class Maintenance:
             now = self._guarded("periodic jobs", self._enqueue_periodic)
         if monotonic() >= self._next_upkeep:
             self._next_upkeep = monotonic() + self._interval
-            self._guarded("maintenance", self._upkeep)
+            if self._heartbeat_stmt is not None:
+                self._guarded("heartbeat", self._heartbeat)
+            if self._upkeeping:
+                self._guarded("maintenance", self._upkeep)
         wait = max(0.0, self._next_upkeep - monotonic())
         if now is not None:
             wait = min(wait, self._until_next_slot(now))
@@ -163,6 +202,28 @@ class Maintenance:
             else:
                 _log.exception("%s failed; retrying next round", what)
             return None
+
+    # -- the heartbeat (every worker) --------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        stmt = self._heartbeat_stmt
+        if stmt is None:
+            return
+        with self._engine.begin() as conn:
+            conn.execute(stmt)
+        self._beating = True
+
+    def _forget(self) -> None:
+        """Delete this worker's heartbeat row (the worker stops)."""
+        if not self._beating or self._worker_id is None:
+            return
+        self._beating = False
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(queries.forget_worker_stmt(worker_id=self._worker_id))
+        except Exception as exc:
+            # The leader deletes it later (STALE_INTERVALS); stopping goes on.
+            _log.warning("could not delete the worker's heartbeat row: %s", describe(exc))
 
     # -- periodic jobs (every worker) ------------------------------------------------
 
@@ -196,6 +257,9 @@ class Maintenance:
             swept = self._in_batches(conn, lambda: ops.sweep(conn, limit=BATCH))
             pruned = self._prune(conn, self._retain_done, {JobStatus.DONE, JobStatus.CANCELLED})
             pruned += self._prune(conn, self._retain_failed, {JobStatus.FAILED})
+            stale = timedelta(seconds=STALE_INTERVALS * self._interval)
+            gone = conn.execute(queries.prune_workers_stmt(older_than=stale)).all()
+            conn.commit()
         except Exception:
             self._resign()  # the lock's connection is suspect: let someone else lead
             raise
@@ -205,6 +269,8 @@ class Maintenance:
             "maintenance ran",
             extra={"worker_id": self._name, "pruned": pruned, "swept": swept},
         )
+        for (worker_id,) in gone:
+            _log.info("stale worker row deleted", extra={"stale_worker_id": str(worker_id)})
 
     def _prune(
         self, conn: Connection, older_than: timedelta | None, statuses: set[JobStatus]

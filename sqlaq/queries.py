@@ -64,11 +64,13 @@ from sqlalchemy import (
     or_,
     select,
     table,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REGCLASS, TIMESTAMP, insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.types import UserDefinedType
 
 from sqlaq.encoding import NewJob, encode_payload
@@ -83,8 +85,10 @@ from sqlaq.schema import (
     REVISION_FUNCTION,
     JobStatus,
     jobs,
+    paused_queues,
     periodic,
     rates,
+    workers,
 )
 
 __all__ = [
@@ -93,6 +97,11 @@ __all__ = [
     "blocking_references_stmt",
     "cancel_stmt",
     "cancelled_among_stmt",
+    "catalog_constraints_stmt",
+    "catalog_functions_stmt",
+    "catalog_indexes_stmt",
+    "catalog_tables_stmt",
+    "catalog_triggers_stmt",
     "claim_params",
     "claim_stmt",
     "clock_stmt",
@@ -102,6 +111,7 @@ __all__ = [
     "count_jobs_stmt",
     "count_prunable_stmt",
     "count_referenced_stmt",
+    "dedupe_twin_stmt",
     "due_queues_stmt",
     "enqueue_copy_stmt",
     "enqueue_many_stmt",
@@ -118,10 +128,13 @@ __all__ = [
     "find_jobs_stmt",
     "find_pending_duplicate_stmt",
     "find_pending_duplicates_stmt",
+    "forget_worker_stmt",
     "get_job_stmt",
     "handback_stmt",
     "has_schema_revision_stmt",
+    "heartbeat_stmt",
     "job_outcome_stmt",
+    "jobs_ahead_stmt",
     "kind_limit_state_params",
     "kind_limit_state_stmt",
     "listen_stmt",
@@ -129,19 +142,24 @@ __all__ = [
     "notify_queues_stmt",
     "overview_counts_stmt",
     "overview_health_stmt",
+    "pause_stmt",
+    "paused_queues_stmt",
     "periodic_advance_stmt",
     "periodic_insert_stmt",
     "periodic_lock_stmt",
     "periodic_slots_stmt",
     "prune_stmt",
+    "prune_workers_stmt",
     "rate_logs_stmt",
     "record_starts_params",
     "record_starts_stmt",
     "resign_stmt",
+    "resume_stmt",
     "retry_stmt",
     "running_by_kind_stmt",
     "running_workers_stmt",
     "schema_revision_stmt",
+    "serving_workers_stmt",
     "snooze_stmt",
     "stats_counts_stmt",
     "stats_health_stmt",
@@ -150,6 +168,7 @@ __all__ = [
     "try_lead_stmt",
     "wait_percentiles_stmt",
     "watch_job_stmt",
+    "workers_stmt",
 ]
 
 c = jobs.c
@@ -188,8 +207,9 @@ CLAIM_COLUMNS = (
 )
 
 
-def enqueue_params(job: NewJob) -> dict[str, Any]:
-    """The bind values of :func:`enqueue_stmt` for *job*."""
+def enqueue_params(job: NewJob, *, headers: str | None = None) -> dict[str, Any]:
+    """The bind values of :func:`enqueue_stmt` for *job* (and its *headers*, JSON text:
+    what :func:`sqlaq.tracing.capture` returns)."""
     return {
         "b_queue": job.queue,
         "b_kind": job.kind,
@@ -198,17 +218,22 @@ def enqueue_params(job: NewJob) -> dict[str, Any]:
         "b_delay": job.delay,
         "b_max_attempts": job.max_attempts,
         "b_dedupe_key": job.dedupe_key,
+        "b_headers": headers,
     }
 
 
-def enqueue_stmt(*, job: NewJob) -> Insert:
+def enqueue_stmt(*, job: NewJob, headers: str | None = None) -> Insert:
     """Insert one job; ``RETURNING id``.
 
     Renders ``INSERT INTO sqlaq_jobs (...) VALUES (..., now() + :b_delay, ...)``. With a
     ``dedupe_key`` it adds ``ON CONFLICT (kind, dedupe_key) WHERE <pending> DO NOTHING``,
     so a duplicate returns no row and leaves the caller's transaction usable.
+
+    *headers* (JSON text, or None) is stored in ``headers``: what the enqueuer sends
+    beside the payload, the trace context of :func:`sqlaq.tracing.capture`. Execution
+    parameters without ``b_headers`` leave it NULL.
     """
-    v = enqueue_params(job)
+    v = enqueue_params(job, headers=headers)
     stmt = insert(jobs).values(
         queue=bindparam("b_queue", v["b_queue"], Text),
         kind=bindparam("b_kind", v["b_kind"], Text),
@@ -217,6 +242,7 @@ def enqueue_stmt(*, job: NewJob) -> Insert:
         run_at=_NOW + bindparam("b_delay", v["b_delay"], Interval),
         max_attempts=bindparam("b_max_attempts", v["b_max_attempts"], Integer),
         dedupe_key=bindparam("b_dedupe_key", v["b_dedupe_key"], Text),
+        headers=cast(bindparam("b_headers", v["b_headers"], Text), JSONB),
     )
     if job.dedupe_key is not None:
         stmt = stmt.on_conflict_do_nothing(
@@ -238,14 +264,15 @@ def find_pending_duplicate_stmt(*, kind: str, dedupe_key: str) -> Any:
     )
 
 
-def enqueue_many_stmt(*, jobs_: Sequence[NewJob]) -> Insert:
+def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) -> Insert:
     """Insert many jobs in one statement; ``RETURNING id, kind, dedupe_key``.
 
     Renders ``INSERT INTO sqlaq_jobs (...) SELECT ... FROM unnest(:b_queues, ...) WITH
     ORDINALITY ORDER BY ordinality ON CONFLICT ... DO NOTHING``: seven array parameters
     whatever the number of jobs, so the statement is prepared once. Identity values are
     drawn in ``ORDER BY`` order, so sorting the returned rows by id gives the inserted
-    jobs in input order; a job skipped as a duplicate returns no row.
+    jobs in input order; a job skipped as a duplicate returns no row. *headers* (JSON
+    text, one value for every job: the enqueue's trace context) fills ``headers``.
     """
     arrays: dict[str, tuple[list[Any], ARRAY[Any]]] = {
         "b_queues": ([j.queue for j in jobs_], ARRAY(Text)),
@@ -278,11 +305,10 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob]) -> Insert:
         _NOW + rows.c.delay,
         rows.c.max_attempts,
         rows.c.dedupe_key,
+        cast(bindparam("b_headers", headers, Text), JSONB),
     ).order_by(rows.c.ordinality)
-    stmt = insert(jobs).from_select(
-        ["queue", "kind", "payload", "priority", "run_at", "max_attempts", "dedupe_key"],
-        source,
-    )
+    columns = ["queue", "kind", "payload", "priority", "run_at", "max_attempts", "dedupe_key"]
+    stmt = insert(jobs).from_select([*columns, "headers"], source)
     stmt = stmt.on_conflict_do_nothing(index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE)
     return stmt.returning(c.id, c.kind, c.dedupe_key)
 
@@ -378,12 +404,17 @@ def claim_stmt(
         WITH candidates AS MATERIALIZED (
             SELECT id FROM sqlaq_jobs
             WHERE status IN ('queued', 'running') AND queue = :b_queue AND run_at <= now()
+              AND NOT EXISTS (SELECT * FROM sqlaq_paused_queues
+                              WHERE sqlaq_paused_queues.queue = :b_queue)
             ORDER BY priority DESC, run_at, id LIMIT :b_limit FOR UPDATE SKIP LOCKED)
         UPDATE sqlaq_jobs SET status = 'running', attempts = attempts + 1,
             locked_by = :b_worker, lease_token = gen_random_uuid(), run_at = now() + :b_lease
         FROM candidates WHERE sqlaq_jobs.id = candidates.id
             AND sqlaq_jobs.id = ANY (ARRAY(SELECT candidates.id FROM candidates))
         RETURNING ...
+
+    A paused queue (a row in ``sqlaq_paused_queues``, see :mod:`sqlaq.control`) gives
+    nothing: its jobs stay as they are until it is resumed.
 
     A due ``running`` row is a job whose lease expired. If it has attempts left it is
     claimed again (``last_error`` records the expiry). If it was on its last attempt it
@@ -399,12 +430,17 @@ def claim_stmt(
         excluded = bindparam("b_excluded", sorted(exclude_kinds), ARRAY(Text))
         which.append(c.kind != func.all(excluded))
     narrowed = _where_clauses(where)
+    queue_ = bindparam("b_queue", v["b_queue"], Text)
     candidates = (
         select(c.id)
         .where(
             _PENDING,
-            c.queue == bindparam("b_queue", v["b_queue"], Text),
+            c.queue == queue_,
             c.run_at <= _NOW,
+            # Uncorrelated, so PostgreSQL runs it once per claim (an InitPlan: one probe
+            # of the paused table's primary key) and skips the claim index's walk
+            # altogether while the queue is paused (a one-time filter).
+            ~exists().where(paused_queues.c.queue == queue_),
             *which,
             *narrowed,
         )
@@ -1075,6 +1111,351 @@ def resign_stmt() -> Select[Any]:
     return select(func.pg_advisory_unlock(*_LEADER_KEY))
 
 
+# --- operators: paused queues and the workers' heartbeat rows ---
+
+_WAKE_CHANNEL = literal_column(f"'{CHANNEL}'", Text)
+
+
+def pause_stmt(*, queue: str, paused_by: str | None = None) -> Insert:
+    """Pause *queue*: no claim takes its jobs until :func:`resume_stmt`.
+
+    Renders ``INSERT INTO sqlaq_paused_queues (queue, paused_by) VALUES (:b_queue,
+    :b_by) ON CONFLICT (queue) DO NOTHING RETURNING queue``: no row when the queue was
+    paused already (its row is kept as it was). Every claim probes this table (see
+    :func:`claim_stmt`), so the pause holds for every claim that starts after the
+    commit, on every worker, with nothing to notify: running jobs are left alone.
+    """
+    return (
+        insert(paused_queues)
+        .values(
+            queue=bindparam("b_queue", queue, Text),
+            paused_by=bindparam("b_by", paused_by, Text),
+        )
+        .on_conflict_do_nothing(index_elements=[paused_queues.c.queue])
+        .returning(paused_queues.c.queue)
+    )
+
+
+def resume_stmt(*, queue: str) -> Select[Any]:
+    """Resume *queue*, and wake its workers on commit.
+
+    Renders::
+
+        WITH resumed AS (
+            DELETE FROM sqlaq_paused_queues WHERE queue = :b_queue RETURNING queue)
+        SELECT resumed.queue, pg_notify('sqlaq_jobs', resumed.queue) FROM resumed
+
+    No row: the queue was not paused. The notification (the insert trigger's, on the
+    same channel) makes idle workers of the queue claim at once instead of at their
+    next poll.
+    """
+    resumed = (
+        delete(paused_queues)
+        .where(paused_queues.c.queue == bindparam("b_queue", queue, Text))
+        .returning(paused_queues.c.queue)
+        .cte("resumed")
+    )
+    return select(resumed.c.queue, func.pg_notify(_WAKE_CHANNEL, resumed.c.queue))
+
+
+def paused_queues_stmt(*, queue: str | None = None) -> Select[Any]:
+    """Select the paused queues (or *queue*, if paused): ``queue, paused_at,
+    paused_by``, by name."""
+    stmt = select(
+        paused_queues.c.queue, paused_queues.c.paused_at, paused_queues.c.paused_by
+    ).order_by(paused_queues.c.queue)
+    if queue is not None:
+        stmt = stmt.where(paused_queues.c.queue == bindparam("b_queue", queue, Text))
+    return stmt
+
+
+def heartbeat_stmt(
+    *, worker_id: UUID, hostname: str, pid: int, queues: Sequence[str], concurrency: int
+) -> Insert:
+    """Record that a worker is alive: insert its row, or move its ``last_seen_at`` to
+    ``now()``.
+
+    Renders ``INSERT INTO sqlaq_workers (worker_id, hostname, pid, queues, concurrency)
+    VALUES (...) ON CONFLICT (worker_id) DO UPDATE SET last_seen_at = now()``; the first
+    one sets ``started_at`` too (its default). A row pruned meanwhile (the worker stalled
+    for longer than :func:`prune_workers_stmt` allows) comes back as new.
+    """
+    stmt = insert(workers).values(
+        worker_id=bindparam("b_worker", worker_id, PG_UUID(as_uuid=True)),
+        hostname=bindparam("b_hostname", hostname, Text),
+        pid=bindparam("b_pid", pid, Integer),
+        queues=bindparam("b_queues", list(queues), ARRAY(Text)),
+        concurrency=bindparam("b_concurrency", concurrency, Integer),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[workers.c.worker_id], set_={"last_seen_at": _NOW}
+    )
+
+
+def forget_worker_stmt(*, worker_id: UUID) -> Delete:
+    """``DELETE FROM sqlaq_workers WHERE worker_id = :b_worker``: a worker that stops."""
+    return delete(workers).where(
+        workers.c.worker_id == bindparam("b_worker", worker_id, PG_UUID(as_uuid=True))
+    )
+
+
+def prune_workers_stmt(*, older_than: timedelta) -> ReturningDelete[Any]:
+    """Delete the rows of workers not seen for *older_than* (killed, or lost the
+    database): ``DELETE FROM sqlaq_workers WHERE last_seen_at < now() - :b_older_than
+    RETURNING worker_id``."""
+    return (
+        delete(workers)
+        .where(workers.c.last_seen_at < _NOW - bindparam("b_older_than", older_than, Interval))
+        .returning(workers.c.worker_id)
+    )
+
+
+def workers_stmt(*, worker_id: UUID | None = None) -> Select[Any]:
+    """Select the workers' rows (or *worker_id*'s): ``worker_id, hostname, pid, queues,
+    concurrency, started_at, last_seen_at`` and ``seen_ago`` (``now() -
+    last_seen_at``), oldest first."""
+    stmt = select(*workers.c, (_NOW - workers.c.last_seen_at).label("seen_ago")).order_by(
+        workers.c.started_at, workers.c.worker_id
+    )
+    if worker_id is not None:
+        stmt = stmt.where(
+            workers.c.worker_id == bindparam("b_worker", worker_id, PG_UUID(as_uuid=True))
+        )
+    return stmt
+
+
+def serving_workers_stmt(*, queue: str, within: timedelta) -> Select[int, Any]:
+    """Select how many workers that serve *queue* were seen within *within* of
+    ``now()`` (``recent``), and when one was seen last (``last_seen``, NULL if none
+    ever was): ``SELECT count(*) FILTER (WHERE last_seen_at > now() - :b_within),
+    max(last_seen_at) FROM sqlaq_workers WHERE :b_queue = ANY(queues)``."""
+    seen = workers.c.last_seen_at
+    return select(
+        func.count().filter(seen > _NOW - bindparam("b_within", within, Interval)).label("recent"),
+        func.max(seen).label("last_seen"),
+    ).where(bindparam("b_queue", queue, Text) == func.any(workers.c.queues))
+
+
+# --- why a job does not run (sqlaq.explain) ---
+
+
+def dedupe_twin_stmt(*, job_id: int, kind: str, dedupe_key: str) -> Select[Any]:
+    """Select another pending job holding ``(kind, dedupe_key)``: ``id, status`` (no
+    row: none). Through the dedupe index."""
+    return (
+        select(c.id, c.status)
+        .where(
+            c.kind == bindparam("b_kind", kind, Text),
+            c.dedupe_key == bindparam("b_dedupe_key", dedupe_key, Text),
+            _DEDUPE,
+            c.id != bindparam("b_id", job_id, BigInteger),
+        )
+        .limit(1)
+    )
+
+
+def jobs_ahead_stmt(
+    *, queue: str, priority: int, run_at: datetime, job_id: int, limit: int
+) -> Select[int]:
+    """Count, up to *limit*, the due pending jobs of *queue* a claim takes before the
+    job ``(priority, run_at, job_id)``: ``SELECT count(*) FROM (SELECT 1 ... WHERE
+    <pending> AND queue = :b_queue AND run_at <= now() AND (priority > :b_priority OR
+    (priority = :b_priority AND (run_at, id) < (:b_run_at, :b_id))) LIMIT :b_limit)``,
+    along the claim index."""
+    prio = bindparam("b_priority", priority, SmallInteger)
+    ahead = (
+        select(literal_column("1"))
+        .select_from(jobs)
+        .where(
+            _PENDING,
+            c.queue == bindparam("b_queue", queue, Text),
+            c.run_at <= _NOW,
+            or_(
+                c.priority > prio,
+                and_(
+                    c.priority == prio,
+                    tuple_(c.run_at, c.id)
+                    < tuple_(
+                        bindparam("b_run_at", run_at, TIMESTAMP(timezone=True)),
+                        bindparam("b_id", job_id, BigInteger),
+                    ),
+                ),
+            ),
+        )
+        .limit(bindparam("b_limit", limit, Integer))
+        .subquery("ahead")
+    )
+    return select(func.count()).select_from(ahead)
+
+
+# --- the schema as the database has it (sqlaq.migrations.check(deep=True)) ---
+#
+# Each reads the catalog for sqlaq's objects found on the search path (to_regclass,
+# to_regprocedure), as every statement here resolves them, and returns PostgreSQL's
+# own rendering of each definition with the schema's name (``quote_ident``) beside it.
+
+_pg_class = table(
+    "pg_class",
+    column("oid"),
+    column("relname"),
+    column("relnamespace"),
+    column("reloptions", ARRAY(Text)),
+    schema="pg_catalog",
+)
+_pg_namespace = table("pg_namespace", column("oid"), column("nspname"), schema="pg_catalog")
+_pg_index = table(
+    "pg_index",
+    column("indexrelid"),
+    column("indrelid"),
+    column("indisvalid", Boolean),
+    schema="pg_catalog",
+)
+_pg_constraint = table(
+    "pg_constraint",
+    column("oid"),
+    column("conname"),
+    column("conrelid"),
+    column("contype"),
+    column("conindid"),
+    schema="pg_catalog",
+)
+_pg_trigger = table(
+    "pg_trigger",
+    column("oid"),
+    column("tgname"),
+    column("tgrelid"),
+    column("tgenabled"),
+    column("tgisinternal", Boolean),
+    schema="pg_catalog",
+)
+_pg_proc = table(
+    "pg_proc", column("oid"), column("proname"), column("pronamespace"), schema="pg_catalog"
+)
+
+
+def _regclasses(tables: Sequence[str]) -> ColumnElement[Any]:
+    """``ANY(ARRAY(SELECT to_regclass(t) FROM unnest(:b_tables) AS t))``: the oids of
+    *tables* found on the search path."""
+    names = (
+        func.unnest(bindparam("b_tables", list(tables), ARRAY(Text)))
+        .table_valued("t")
+        .render_derived(name="named")
+    )
+    return func.any(func.array(select(func.to_regclass(names.c.t)).scalar_subquery()))
+
+
+def _schema_of(relation: Any) -> ColumnElement[str]:
+    return (
+        select(func.quote_ident(_pg_namespace.c.nspname))
+        .where(_pg_namespace.c.oid == relation)
+        .scalar_subquery()
+    )
+
+
+def catalog_tables_stmt(*, tables: Sequence[str]) -> Select[Any]:
+    """Select each of *tables*: ``name, schema`` (NULL: not found on the search path)
+    and ``reloptions`` (its storage parameters, ``{'k=v', ...}``)."""
+    wanted = (
+        func.unnest(bindparam("b_tables", list(tables), ARRAY(Text)))
+        .table_valued("name")
+        .render_derived(name="wanted")
+    )
+    found = _pg_class.c.oid == func.to_regclass(wanted.c.name)
+    return (
+        select(wanted.c.name, _schema_of(_pg_class.c.relnamespace).label("schema"))
+        .add_columns(_pg_class.c.reloptions)
+        .select_from(wanted.outerjoin(_pg_class, found))
+        .order_by(wanted.c.name)
+    )
+
+
+def catalog_indexes_stmt(*, tables: Sequence[str]) -> Select[Any]:
+    """Select every index of *tables*: ``table, name, definition``
+    (``pg_get_indexdef``), ``valid`` (``indisvalid``: false after a failed ``CREATE
+    INDEX CONCURRENTLY``), ``constraint`` (it backs a primary key or unique
+    constraint), ``schema``."""
+    table_ = _pg_class.alias("tbl")
+    index_ = _pg_class.alias("idx")
+    backs = exists().where(_pg_constraint.c.conindid == _pg_index.c.indexrelid)
+    return (
+        select(
+            table_.c.relname.label("table"),
+            index_.c.relname.label("name"),
+            func.pg_get_indexdef(_pg_index.c.indexrelid, type_=Text).label("definition"),
+            _pg_index.c.indisvalid.label("valid"),
+            backs.label("constraint"),
+            _schema_of(table_.c.relnamespace).label("schema"),
+        )
+        .select_from(_pg_index)
+        .join(table_, table_.c.oid == _pg_index.c.indrelid)
+        .join(index_, index_.c.oid == _pg_index.c.indexrelid)
+        .where(_pg_index.c.indrelid == _regclasses(tables))
+        .order_by(table_.c.relname, index_.c.relname)
+    )
+
+
+def catalog_constraints_stmt(*, tables: Sequence[str]) -> Select[Any]:
+    """Select the constraints of *tables* but NOT NULL ones: ``table, name,
+    definition`` (``pg_get_constraintdef``), ``schema``."""
+    table_ = _pg_class.alias("tbl")
+    return (
+        select(
+            table_.c.relname.label("table"),
+            _pg_constraint.c.conname.label("name"),
+            func.pg_get_constraintdef(_pg_constraint.c.oid, type_=Text).label("definition"),
+            _schema_of(table_.c.relnamespace).label("schema"),
+        )
+        .select_from(_pg_constraint)
+        .join(table_, table_.c.oid == _pg_constraint.c.conrelid)
+        .where(
+            _pg_constraint.c.conrelid == _regclasses(tables),
+            _pg_constraint.c.contype != literal_column("'n'"),
+        )
+        .order_by(table_.c.relname, _pg_constraint.c.conname)
+    )
+
+
+def catalog_triggers_stmt(*, tables: Sequence[str]) -> Select[Any]:
+    """Select the triggers of *tables* (not the internal ones of foreign keys):
+    ``table, name, definition`` (``pg_get_triggerdef``), ``enabled`` (``tgenabled``:
+    ``'O'`` on, ``'D'`` disabled), ``schema``."""
+    table_ = _pg_class.alias("tbl")
+    return (
+        select(
+            table_.c.relname.label("table"),
+            _pg_trigger.c.tgname.label("name"),
+            func.pg_get_triggerdef(_pg_trigger.c.oid, type_=Text).label("definition"),
+            cast(_pg_trigger.c.tgenabled, Text).label("enabled"),
+            _schema_of(table_.c.relnamespace).label("schema"),
+        )
+        .select_from(_pg_trigger)
+        .join(table_, table_.c.oid == _pg_trigger.c.tgrelid)
+        .where(_pg_trigger.c.tgrelid == _regclasses(tables), ~_pg_trigger.c.tgisinternal)
+        .order_by(table_.c.relname, _pg_trigger.c.tgname)
+    )
+
+
+def catalog_functions_stmt(*, functions: Sequence[str]) -> Select[Any]:
+    """Select each of *functions* (names of functions without arguments): ``name,
+    definition`` (``pg_get_functiondef``; NULL: not found on the search path),
+    ``schema``."""
+    wanted = (
+        func.unnest(bindparam("b_functions", list(functions), ARRAY(Text)))
+        .table_valued("name")
+        .render_derived(name="wanted")
+    )
+    found = _pg_proc.c.oid == func.to_regprocedure(func.concat(wanted.c.name, "()"))
+    return (
+        select(
+            wanted.c.name,
+            func.pg_get_functiondef(_pg_proc.c.oid, type_=Text).label("definition"),
+            _schema_of(_pg_proc.c.pronamespace).label("schema"),
+        )
+        .select_from(wanted.outerjoin(_pg_proc, found))
+        .order_by(wanted.c.name)
+    )
+
+
 # --- inspection (operators and tests) ---
 
 
@@ -1334,7 +1715,7 @@ def privileges_stmt(*, needed: Mapping[str, Sequence[str]]) -> Select[Any]:
 # and finished rows through the finished index over a bounded time range, so a page
 # costs what is pending and recent, not the table's history.
 
-_ONE_HOUR = literal_column("interval '1 hour'")
+_ONE_HOUR: ColumnElement[Any] = literal_column("interval '1 hour'")
 #: ``chr(10)``: a constant, not a bound value, so that the first-line expression of a
 #: grouped query is the same in SELECT and GROUP BY.
 _NEWLINE = func.chr(literal_column("10", Integer))

@@ -21,6 +21,11 @@ Design decisions written down here:
   ``sqlaq_finished`` with the job's id when a job finishes, but only for jobs a waiter
   flagged (``awaited``); its ``WHEN`` clause keeps every other update free of a
   function call.
+* Operators (sqlaq_0004): a paused queue is a row of ``sqlaq_paused_queues``, which
+  every claim probes by primary key (an uncorrelated ``NOT EXISTS``: evaluated once per
+  claim, before the claim index is read); each worker keeps a heartbeat row in
+  ``sqlaq_workers``; ``headers`` carries what the enqueuer sends beside the payload
+  (the trace context).
 * Status literals in predicates are inlined, never bound: a prepared ``ON CONFLICT ...
   WHERE status IN ($1, $2)`` stops matching the partial index once PostgreSQL switches
   to a generic plan.
@@ -55,6 +60,8 @@ FINISHED_INDEX = "sqlaq_jobs_finished_idx"
 RUNNING_INDEX = "sqlaq_jobs_running_idx"
 RATES_TABLE = "sqlaq_rates"
 PERIODIC_TABLE = "sqlaq_periodic"
+PAUSED_TABLE = "sqlaq_paused_queues"
+WORKERS_TABLE = "sqlaq_workers"
 #: The NOTIFY channel :func:`sqlaq.cancel` signals, with the id of a running job it
 #: cancelled as payload, so the worker running it is told at once.
 CANCEL_CHANNEL = "sqlaq_cancel"
@@ -151,6 +158,8 @@ jobs = Table(
     Column("result", JSONB),
     # Someone waits for this job (sqlaq.wait): the finish trigger notifies only then.
     Column("awaited", Boolean, nullable=False, server_default=text("false")),
+    # What the enqueuer sent beside the payload: the trace context (sqlaq.tracing).
+    Column("headers", JSONB),
     CheckConstraint(
         "status IN ('queued', 'running', 'done', 'failed', 'cancelled')", name="status"
     ),
@@ -195,4 +204,28 @@ periodic = Table(
     Column("name", Text, primary_key=True),
     Column("last_slot", TIMESTAMP(timezone=True), nullable=False),
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+#: Paused queues (see :mod:`sqlaq.control`): no claim takes a job of a queue listed here.
+paused_queues = Table(
+    PAUSED_TABLE,
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("paused_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column("paused_by", Text),
+)
+
+#: One row per running worker: its heartbeat, written by its maintenance thread.
+workers = Table(
+    WORKERS_TABLE,
+    metadata,
+    Column("worker_id", UUID(as_uuid=True), primary_key=True),
+    Column("hostname", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("queues", ARRAY(Text), nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("started_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column(
+        "last_seen_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")
+    ),
 )

@@ -256,7 +256,7 @@ def test_console_script_runs(database_url: str, committed: Engine) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"counts": [], "queues": []}
+    assert json.loads(result.stdout) == {"paused": [], "counts": [], "queues": []}
 
 
 def test_migrate_leaves_a_schema_installed_by_the_hosts_alembic_alone(

@@ -71,8 +71,14 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_class", "sqlaq_rates_pkey"),
         ("pg_class", "sqlaq_periodic"),
         ("pg_class", "sqlaq_periodic_pkey"),
+        ("pg_class", "sqlaq_paused_queues"),
+        ("pg_class", "sqlaq_paused_queues_pkey"),
+        ("pg_class", "sqlaq_workers"),
+        ("pg_class", "sqlaq_workers_pkey"),
         ("pg_constraint", "sqlaq_rates_pkey"),
         ("pg_constraint", "sqlaq_periodic_pkey"),
+        ("pg_constraint", "sqlaq_paused_queues_pkey"),
+        ("pg_constraint", "sqlaq_workers_pkey"),
         ("pg_constraint", "sqlaq_jobs_pkey"),
         ("pg_constraint", "sqlaq_jobs_status_check"),
         ("pg_constraint", "sqlaq_jobs_max_attempts_check"),
@@ -87,6 +93,10 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_type", "_sqlaq_rates"),
         ("pg_type", "sqlaq_periodic"),
         ("pg_type", "_sqlaq_periodic"),
+        ("pg_type", "sqlaq_paused_queues"),
+        ("pg_type", "_sqlaq_paused_queues"),
+        ("pg_type", "sqlaq_workers"),
+        ("pg_type", "_sqlaq_workers"),
     }
 )
 # NOT NULL constraints are left out (contype 'n'): PostgreSQL 18 lists them in
@@ -511,10 +521,10 @@ def test_results_revision_rewrites_nothing_and_walks_back_to_0002(fresh_url: str
         file_before = conn.execute(relfilenode).scalar_one()
         conn.commit()
 
-        sqlaq.migrations.upgrade(conn)
-        assert sqlaq.migrations.check(conn) == "sqlaq_0003"
+        sqlaq.migrations.upgrade(conn, "sqlaq_0003")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0003"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | RESULT_OBJECTS == SQLAQ_OBJECTS
+        assert _objects(conn) == before | RESULT_OBJECTS
         assert _columns(conn) == [*columns_before, "result", "awaited"]
         rows = conn.execute(text("SELECT DISTINCT result, awaited FROM sqlaq_jobs")).all()
         assert [tuple(row) for row in rows] == [(None, False)]
@@ -522,6 +532,51 @@ def test_results_revision_rewrites_nothing_and_walks_back_to_0002(fresh_url: str
 
         sqlaq.migrations.downgrade(conn, "sqlaq_0002")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0002"
+        assert _objects(conn) == before
+        assert _columns(conn) == columns_before
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
+        conn.commit()
+
+
+#: What sqlaq_0004 adds to sqlaq_0003's objects: two tables and what they bring.
+OPERATOR_OBJECTS = frozenset(
+    (catalog, name)
+    for table in ("sqlaq_paused_queues", "sqlaq_workers")
+    for catalog, name in (
+        ("pg_class", table),
+        ("pg_class", f"{table}_pkey"),
+        ("pg_constraint", f"{table}_pkey"),
+        ("pg_type", table),
+        ("pg_type", f"_{table}"),
+    )
+)
+
+
+def test_operators_revision_rewrites_nothing_and_walks_back_to_0003(fresh_url: str) -> None:
+    """sqlaq_0004 on a table with rows keeps its file (``headers`` is nullable without a
+    default), adds its two tables, and a downgrade to sqlaq_0003 removes exactly what it
+    added."""
+    relfilenode = text("SELECT relfilenode FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
+    with _connect(fresh_url) as conn:
+        sqlaq.migrations.upgrade(conn, "sqlaq_0003")
+        conn.execute(text("INSERT INTO sqlaq_jobs (kind) SELECT 'k' FROM generate_series(1, 100)"))
+        conn.commit()
+        before = _objects(conn)
+        columns_before = _columns(conn)
+        file_before = conn.execute(relfilenode).scalar_one()
+        conn.commit()
+
+        sqlaq.migrations.upgrade(conn)
+        assert sqlaq.migrations.check(conn) == "sqlaq_0004"
+        assert conn.execute(relfilenode).scalar_one() == file_before
+        assert _objects(conn) == before | OPERATOR_OBJECTS == SQLAQ_OBJECTS
+        assert _columns(conn) == [*columns_before, "headers"]
+        headers = conn.execute(text("SELECT DISTINCT headers FROM sqlaq_jobs")).all()
+        assert [tuple(row) for row in headers] == [(None,)]
+        conn.commit()
+
+        sqlaq.migrations.downgrade(conn, "sqlaq_0003")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0003"
         assert _objects(conn) == before
         assert _columns(conn) == columns_before
         assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
@@ -600,6 +655,8 @@ def test_upgrade_sql_returns_the_ddl_without_a_database(
     assert "CREATE TRIGGER sqlaq_jobs_notify_trg" in sql
     assert "CREATE TABLE sqlaq_periodic" in sql
     assert "CREATE TRIGGER sqlaq_jobs_finish_trg" in sql
+    assert "CREATE TABLE sqlaq_paused_queues" in sql
+    assert "CREATE TABLE sqlaq_workers" in sql
     assert "INSERT INTO sqlaq_alembic_version (version_num) VALUES ('sqlaq_0001')" in sql
     assert f"SET version_num='{HEAD}'" in sql
 
@@ -620,6 +677,8 @@ def _parents(table: str) -> dict[str, str | None]:
         ("sqlaq_jobs_claim_idx", "index", _parents("sqlaq_jobs")),
         ("sqlaq_jobs_dedupe_idx", "index", _parents("sqlaq_jobs")),
         ("sqlaq_jobs_finished_idx", "index", _parents("sqlaq_jobs")),
+        ("sqlaq_paused_queues", "table", {"schema_name": None}),
+        ("sqlaq_workers", "table", {"schema_name": None}),
         ("status", "column", _parents("sqlaq_jobs")),
         ("sqlaq_jobs_status_check", "check_constraint", _parents("sqlaq_jobs")),
         ("version_num", "column", _parents("sqlaq_alembic_version")),

@@ -26,16 +26,19 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from sqlaq.errors import SchemaOutOfDateError
+from sqlaq.migrations.drift import Difference, SchemaDriftError, differences
 from sqlaq.queries import has_schema_revision_stmt, schema_revision_stmt
 from sqlaq.schema import (
     CLAIM_INDEX,
     DEDUPE_INDEX,
     FINISHED_INDEX,
+    PAUSED_TABLE,
     PERIODIC_TABLE,
     RATES_TABLE,
     RUNNING_INDEX,
     TABLE_NAME,
     VERSION_TABLE,
+    WORKERS_TABLE,
 )
 
 if TYPE_CHECKING:
@@ -48,8 +51,11 @@ __all__ = [
     "HEAD",
     "SCRIPT_LOCATION",
     "VERSION_LOCATION",
+    "Difference",
+    "SchemaDriftError",
     "check",
     "current_revision",
+    "differences",
     "downgrade",
     "head_revision",
     "include_name",
@@ -61,7 +67,7 @@ __all__ = [
 
 #: The newest shipped revision: what this sqlaq needs. A test pins it to the head of the
 #: revision files, so it cannot drift from them.
-HEAD = "sqlaq_0003"
+HEAD = "sqlaq_0004"
 #: The branch label of sqlaq's revisions: ``alembic downgrade sqlaq@base``.
 BRANCH = "sqlaq"
 #: For a host's ``version_locations`` (needs ``path_separator = space`` or similar).
@@ -69,7 +75,9 @@ VERSION_LOCATION = "sqlaq:migrations/versions"
 #: The standalone environment (this package, with its own env.py).
 SCRIPT_LOCATION = "sqlaq:migrations"
 
-_OWN_TABLES = frozenset({TABLE_NAME, RATES_TABLE, PERIODIC_TABLE, VERSION_TABLE})
+_OWN_TABLES = frozenset(
+    {TABLE_NAME, RATES_TABLE, PERIODIC_TABLE, PAUSED_TABLE, WORKERS_TABLE, VERSION_TABLE}
+)
 _OWN_INDEXES = frozenset({CLAIM_INDEX, DEDUPE_INDEX, FINISHED_INDEX, RUNNING_INDEX})
 
 
@@ -101,7 +109,7 @@ def standalone_config(url: str | None = None, *, connection: Connection | None =
 
 
 def head_revision() -> str:
-    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0003"`` (:data:`HEAD`)."""
+    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0004"`` (:data:`HEAD`)."""
     return HEAD
 
 
@@ -159,16 +167,25 @@ def standalone_revision(connection: Connection) -> str | None:
     return context.get_current_revision()
 
 
-def check(connection: Connection) -> str:
+def check(connection: Connection, *, deep: bool = False) -> str:
     """Return the current sqlaq revision if it is this sqlaq's head, else raise.
+
+    The revision marker alone says which revision ran, not that its objects are still
+    as it made them: with *deep*, every table, index, constraint, trigger, trigger
+    function and storage setting the head creates is compared with the live catalog
+    too (:func:`differences`; reads only, a few milliseconds).
 
     Raises:
         SchemaOutOfDateError: no sqlaq revision, or another one than the head; the
             message names the command to run.
+        SchemaDriftError: with *deep*, the schema is at the head but some object
+            differs from what it creates; ``differences`` names each, with its fix.
     """
     head = head_revision()
     current = current_revision(connection)
     if current == head:
+        if deep and (found := differences(connection)):
+            raise SchemaDriftError(current, found)
         return current
     if current is None:
         raise SchemaOutOfDateError(

@@ -254,9 +254,13 @@ class Worker:
             statement = queries.listen_stmt(channel=(CHANNEL, CANCEL_CHANNEL))
             self._listener = Listener(params, statement, self._notified)
             self._listener.start()
-        if config.maintenance and not config.burst:
+        if not config.burst:  # with maintenance off, it keeps the heartbeat row only
             self._maintenance = Maintenance(
-                self._engine, self._registry.periodics, config, str(self.worker_id)
+                self._engine,
+                self._registry.periodics,
+                config,
+                str(self.worker_id),
+                worker_id=self.worker_id,
             )
             self._maintenance.start()
         self._writer.start()

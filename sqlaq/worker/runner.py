@@ -25,6 +25,7 @@ from time import monotonic, perf_counter
 from typing import cast
 from uuid import UUID
 
+from sqlaq import tracing
 from sqlaq.context import bind, unbind
 from sqlaq.outcome import CANCELLED, decide
 from sqlaq.worker import transaction
@@ -204,6 +205,7 @@ class Runner:
                 self._leave()
 
     def _run_one(self, run: Run) -> None:
+        span = tracing.span_for(run)  # None without sqlaq[otel]
         if run.context.cancelled:  # cancelled while it waited: never started
             finished = Finished(run, CANCELLED, 0.0)
         elif run.handler is not None and run.handler.timeout is not None:
@@ -212,6 +214,7 @@ class Runner:
             finished = transaction.run_sync(run, self._session_factory())
         else:
             finished = self._call_sync(run)
+        tracing.end(span, finished.outcome)
         with self._count_lock:  # before reporting: the worker may refill the slot at once
             self._blocking -= 1
         self._on_finished(finished)
@@ -306,8 +309,10 @@ class Runner:
             task.add_done_callback(self._tasks.discard)
 
     async def _run_one_async(self, run: Run) -> None:
+        span = tracing.span_for(run)  # None without sqlaq[otel]
         if run.context.cancelled:  # cancelled while it waited: never started
             self._leave()
+            tracing.end(span, CANCELLED)
             self._on_finished(Finished(run, CANCELLED, 0.0))
             return
         if run.handler is not None and run.handler.transaction:
@@ -315,6 +320,7 @@ class Runner:
                 finished = await transaction.run_async(run, self._async_session_factory())
             finally:
                 self._leave()
+            tracing.end(span, finished.outcome)
             self._on_finished(finished)
             return
         # Each task runs in its own copy of the context, so this binding is the task's.
@@ -329,6 +335,7 @@ class Runner:
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
+                tracing.end(span, None)
                 return  # this task was cancelled: the worker is closing, its job handed back
             error = exc  # a sub-task's cancellation escaped the handler: a failure
         except BaseException as exc:  # recorded on the job, like a sync handler's
@@ -336,7 +343,9 @@ class Runner:
         finally:
             self._leave()
         duration = perf_counter() - started
-        self._on_finished(Finished(run, decide(run.handler, run.job, error, returned), duration))
+        finished = Finished(run, decide(run.handler, run.job, error, returned), duration)
+        tracing.end(span, finished.outcome)
+        self._on_finished(finished)
 
     def _cancel_tasks(self, stop: bool) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,397 @@
+"""The deep check: the live schema against what the head revision creates.
+
+``sqlaq.migrations.check(conn)`` reads the revision marker; ``check(conn, deep=True)``
+also compares, object by object, what the database holds with what the head revision
+creates: the tables, their indexes (definitions and validity), constraints, the
+triggers (definitions and whether they are enabled), the trigger functions, and the
+tables' storage settings (autovacuum). Each difference comes back as a
+:class:`Difference` naming the object, what is wrong, and the statement that fixes it.
+
+The expected definitions below are PostgreSQL's own renderings (``pg_get_indexdef``,
+``pg_get_constraintdef``, ``pg_get_triggerdef``, ``pg_get_functiondef``, with the
+schema's name and runs of whitespace taken out), written down here rather than read
+from a scratch database at each check: ``tests/test_check_deep.py`` compares them with
+a freshly migrated head, so they cannot drift from the revisions. A revision that
+changes one of these objects changes this table in the same commit.
+
+It reads the catalog only (statements from :mod:`sqlaq.queries`) and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+
+from sqlaq import queries
+from sqlaq.errors import SchemaOutOfDateError
+from sqlaq.schema import (
+    FINISH_FUNCTION,
+    FINISH_TRIGGER,
+    NOTIFY_FUNCTION,
+    NOTIFY_TRIGGER,
+    PAUSED_TABLE,
+    PERIODIC_TABLE,
+    RATES_TABLE,
+    STORAGE_PARAMETERS,
+    TABLE_NAME,
+    WORKERS_TABLE,
+)
+
+__all__ = [
+    "EXPECTED_CONSTRAINTS",
+    "EXPECTED_FUNCTIONS",
+    "EXPECTED_INDEXES",
+    "EXPECTED_STORAGE",
+    "EXPECTED_TABLES",
+    "EXPECTED_TRIGGERS",
+    "Difference",
+    "SchemaDriftError",
+    "differences",
+]
+
+#: The tables of the head revision (the version table is Alembic's, not compared).
+EXPECTED_TABLES = (TABLE_NAME, RATES_TABLE, PERIODIC_TABLE, PAUSED_TABLE, WORKERS_TABLE)
+
+_PENDING = "(status = ANY (ARRAY['queued'::text, 'running'::text]))"
+_FINISHED = "(status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]))"
+
+#: Index name -> (table, definition): the indexes that back no constraint.
+EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
+    "sqlaq_jobs_claim_idx": (
+        TABLE_NAME,
+        "CREATE INDEX sqlaq_jobs_claim_idx ON sqlaq_jobs USING btree "
+        f"(queue, priority DESC, run_at, id) WHERE {_PENDING}",
+    ),
+    "sqlaq_jobs_dedupe_idx": (
+        TABLE_NAME,
+        "CREATE UNIQUE INDEX sqlaq_jobs_dedupe_idx ON sqlaq_jobs USING btree "
+        f"(kind, dedupe_key) WHERE ({_PENDING} AND (dedupe_key IS NOT NULL))",
+    ),
+    "sqlaq_jobs_finished_idx": (
+        TABLE_NAME,
+        f"CREATE INDEX sqlaq_jobs_finished_idx ON sqlaq_jobs USING btree (finished_at) "
+        f"WHERE {_FINISHED}",
+    ),
+    "sqlaq_jobs_running_idx": (
+        TABLE_NAME,
+        "CREATE INDEX sqlaq_jobs_running_idx ON sqlaq_jobs USING btree (kind, run_at) "
+        "WHERE (status = 'running'::text)",
+    ),
+}
+
+#: Constraint name -> (table, definition); NOT NULL constraints are the columns'.
+EXPECTED_CONSTRAINTS: Mapping[str, tuple[str, str]] = {
+    "sqlaq_jobs_pkey": (TABLE_NAME, "PRIMARY KEY (id)"),
+    "sqlaq_jobs_status_check": (
+        TABLE_NAME,
+        "CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'done'::text, "
+        "'failed'::text, 'cancelled'::text])))",
+    ),
+    "sqlaq_jobs_max_attempts_check": (TABLE_NAME, "CHECK ((max_attempts > 0))"),
+    "sqlaq_rates_pkey": (RATES_TABLE, "PRIMARY KEY (kind)"),
+    "sqlaq_periodic_pkey": (PERIODIC_TABLE, "PRIMARY KEY (name)"),
+    "sqlaq_paused_queues_pkey": (PAUSED_TABLE, "PRIMARY KEY (queue)"),
+    "sqlaq_workers_pkey": (WORKERS_TABLE, "PRIMARY KEY (worker_id)"),
+}
+
+#: Trigger name -> (table, definition).
+EXPECTED_TRIGGERS: Mapping[str, tuple[str, str]] = {
+    NOTIFY_TRIGGER: (
+        TABLE_NAME,
+        f"CREATE TRIGGER {NOTIFY_TRIGGER} AFTER INSERT ON sqlaq_jobs REFERENCING NEW TABLE "
+        f"AS sqlaq_new_jobs FOR EACH STATEMENT EXECUTE FUNCTION {NOTIFY_FUNCTION}()",
+    ),
+    FINISH_TRIGGER: (
+        TABLE_NAME,
+        f"CREATE TRIGGER {FINISH_TRIGGER} AFTER UPDATE OF status ON sqlaq_jobs FOR EACH ROW "
+        f"WHEN ((new.awaited AND (new.status = ANY (ARRAY['done'::text, 'failed'::text, "
+        f"'cancelled'::text])))) EXECUTE FUNCTION {FINISH_FUNCTION}()",
+    ),
+}
+
+#: Function name -> definition (each is also the statement that restores it). The
+#: revision marker, ``sqlaq_jobs_schema_revision()``, is the shallow check's.
+EXPECTED_FUNCTIONS: Mapping[str, str] = {
+    NOTIFY_FUNCTION: (
+        f"CREATE OR REPLACE FUNCTION {NOTIFY_FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
+        "AS $function$ BEGIN IF coalesce(current_setting('sqlaq.notify', true), '') <> 'off' "
+        "THEN PERFORM pg_notify('sqlaq_jobs', q.queue) FROM (SELECT DISTINCT queue FROM "
+        "sqlaq_new_jobs WHERE run_at <= now()) AS q; END IF; RETURN NULL; END $function$"
+    ),
+    FINISH_FUNCTION: (
+        f"CREATE OR REPLACE FUNCTION {FINISH_FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
+        "AS $function$ BEGIN PERFORM pg_notify('sqlaq_finished', NEW.id::text); "
+        "RETURN NULL; END $function$"
+    ),
+}
+
+#: Table -> its storage parameters (none but sqlaq_jobs's autovacuum settings).
+EXPECTED_STORAGE: Mapping[str, Mapping[str, str]] = {
+    table: (STORAGE_PARAMETERS if table == TABLE_NAME else {}) for table in EXPECTED_TABLES
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """One way the live schema differs from what the head revision creates.
+
+    Attributes:
+        kind: ``table``, ``index``, ``constraint``, ``trigger``, ``function`` or
+            ``storage``.
+        name: The object (for ``storage``, the table).
+        problem: What is wrong: missing, differs (found and expected), invalid,
+            disabled, not sqlaq's.
+        statements: The SQL that makes it what the head creates, in order (each runs
+            in autocommit: ``CONCURRENTLY`` cannot run in a transaction block); empty
+            when no statement can (a missing table).
+        note: What to weigh before running them, if anything.
+    """
+
+    kind: str
+    name: str
+    problem: str
+    statements: tuple[str, ...]
+    note: str = ""
+
+    @property
+    def fix(self) -> str:
+        """The statements (and the note) as one line."""
+        fix = "; ".join(self.statements)
+        return f"{fix}, {self.note}" if fix and self.note else fix or self.note
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}: {self.problem}; fix: {self.fix}"
+
+
+class SchemaDriftError(SchemaOutOfDateError):
+    """The schema records the head revision but differs from what it creates.
+
+    Attributes:
+        differences: Each difference, with its fix.
+    """
+
+    def __init__(self, revision: str, differences: Sequence[Difference]) -> None:
+        self.differences = list(differences)
+        lines = "\n".join(f"- {d}" for d in self.differences)
+        super().__init__(
+            f"the schema is at {revision} but differs from what {revision} creates "
+            f"({len(self.differences)} difference(s)):\n{lines}"
+        )
+
+
+def differences(connection: Connection) -> list[Difference]:
+    """Compare the live schema with what the head revision creates (catalog reads only).
+
+    Returns:
+        Every difference, tables first, then indexes, constraints, triggers,
+        functions and storage settings; empty when the schema is as created.
+    """
+    found: list[Difference] = []
+    tables = {
+        row.name: row
+        for row in connection.execute(queries.catalog_tables_stmt(tables=EXPECTED_TABLES))
+    }
+    present = [name for name in EXPECTED_TABLES if tables[name].schema is not None]
+    for name in EXPECTED_TABLES:
+        if name not in present:
+            found.append(
+                Difference(
+                    "table",
+                    name,
+                    "missing",
+                    (),
+                    "recreate it with the revisions' DDL ('sqlaq migrate --sql' prints it)",
+                )
+            )
+    if present:
+        found += _indexes(connection, present)
+        found += _constraints(connection, present)
+        found += _triggers(connection, present)
+    found += _functions(connection)
+    found += [d for name in present if (d := _storage(name, tables[name].reloptions))]
+    return found
+
+
+def _plain(definition: str, schema: str | None) -> str:
+    """*definition* on one line, runs of whitespace as one space, without ``schema.``."""
+    text = " ".join(definition.split())
+    return text.replace(f" {schema}.", " ") if schema else text
+
+
+def _indexes(connection: Connection, tables: Sequence[str]) -> list[Difference]:
+    found: list[Difference] = []
+    live: dict[str, Any] = {}
+    for index in connection.execute(queries.catalog_indexes_stmt(tables=tables)):
+        live[index.name] = index
+        if not index.valid:
+            found.append(
+                Difference(
+                    "index",
+                    index.name,
+                    "invalid (a CREATE INDEX CONCURRENTLY or REINDEX that failed): "
+                    "PostgreSQL maintains it but never reads it",
+                    (f"REINDEX INDEX CONCURRENTLY {index.name}",),
+                )
+            )
+    for name, (table, expected) in EXPECTED_INDEXES.items():
+        if table not in tables:
+            continue
+        row = live.get(name)
+        create = expected.replace("INDEX ", "INDEX CONCURRENTLY ", 1)
+        if row is None:
+            found.append(Difference("index", name, "missing", (create,)))
+            continue
+        definition = _plain(row.definition, row.schema)
+        if definition != expected:
+            fresh = expected.replace(f"INDEX {name} ON", f"INDEX CONCURRENTLY {name}_new ON", 1)
+            found.append(
+                Difference(
+                    "index",
+                    name,
+                    f"differs: found {definition!r}, expected {expected!r}",
+                    (
+                        fresh,
+                        f"DROP INDEX CONCURRENTLY {name}",
+                        f"ALTER INDEX {name}_new RENAME TO {name}",
+                    ),
+                )
+            )
+    for name, row in live.items():
+        if name not in EXPECTED_INDEXES and not row.constraint:
+            found.append(
+                Difference(
+                    "index",
+                    name,
+                    f"on {row.table}, not created by sqlaq",
+                    (f"DROP INDEX CONCURRENTLY {name}",),
+                    "unless it is yours on purpose (every index on a queue table slows "
+                    "each enqueue and claim)",
+                )
+            )
+    return found
+
+
+def _constraints(connection: Connection, tables: Sequence[str]) -> list[Difference]:
+    found: list[Difference] = []
+    live = {
+        row.name: row for row in connection.execute(queries.catalog_constraints_stmt(tables=tables))
+    }
+    for name, (table, expected) in EXPECTED_CONSTRAINTS.items():
+        if table not in tables:
+            continue
+        constraint = f"ADD CONSTRAINT {name} {expected}"
+        add = f"ALTER TABLE {table} {constraint}"
+        row = live.get(name)
+        if row is None:
+            found.append(Difference("constraint", name, "missing", (add,)))
+        elif (definition := _plain(row.definition, row.schema)) != expected:
+            found.append(
+                Difference(
+                    "constraint",
+                    name,
+                    f"differs: found {definition!r}, expected {expected!r}",
+                    (f"ALTER TABLE {table} DROP CONSTRAINT {name}, {constraint}",),
+                )
+            )
+    for name, row in live.items():
+        if name not in EXPECTED_CONSTRAINTS:
+            found.append(
+                Difference(
+                    "constraint",
+                    name,
+                    f"on {row.table}, not created by sqlaq",
+                    (f"ALTER TABLE {row.table} DROP CONSTRAINT {name}",),
+                    "unless it is yours on purpose",
+                )
+            )
+    return found
+
+
+def _triggers(connection: Connection, tables: Sequence[str]) -> list[Difference]:
+    found: list[Difference] = []
+    live = {
+        row.name: row for row in connection.execute(queries.catalog_triggers_stmt(tables=tables))
+    }
+    for name, (table, expected) in EXPECTED_TRIGGERS.items():
+        if table not in tables:
+            continue
+        row = live.get(name)
+        if row is None:
+            found.append(Difference("trigger", name, "missing", (expected,)))
+            continue
+        definition = _plain(row.definition, row.schema)
+        if definition != expected:
+            found.append(
+                Difference(
+                    "trigger",
+                    name,
+                    f"differs: found {definition!r}, expected {expected!r}",
+                    (f"DROP TRIGGER {name} ON {table}", expected),
+                )
+            )
+        if row.enabled == "D":
+            found.append(
+                Difference(
+                    "trigger",
+                    name,
+                    "disabled (ALTER TABLE ... DISABLE TRIGGER)",
+                    (f"ALTER TABLE {table} ENABLE TRIGGER {name}",),
+                    "unless disabled on purpose",
+                )
+            )
+    for name, row in live.items():
+        if name not in EXPECTED_TRIGGERS:
+            found.append(
+                Difference(
+                    "trigger",
+                    name,
+                    f"on {row.table}, not created by sqlaq",
+                    (f"DROP TRIGGER {name} ON {row.table}",),
+                    "unless it is yours on purpose",
+                )
+            )
+    return found
+
+
+def _functions(connection: Connection) -> list[Difference]:
+    found: list[Difference] = []
+    stmt = queries.catalog_functions_stmt(functions=list(EXPECTED_FUNCTIONS))
+    for row in connection.execute(stmt):
+        expected = EXPECTED_FUNCTIONS[row.name]
+        if row.definition is None:
+            found.append(Difference("function", f"{row.name}()", "missing", (expected,)))
+        elif (definition := _plain(row.definition, row.schema)) != expected:
+            found.append(
+                Difference(
+                    "function",
+                    f"{row.name}()",
+                    f"differs: found {definition!r}, expected {expected!r}",
+                    (expected,),
+                )
+            )
+    return found
+
+
+def _storage(table: str, reloptions: Sequence[str] | None) -> Difference | None:
+    live = dict(option.split("=", 1) for option in reloptions or ())
+    expected = EXPECTED_STORAGE[table]
+    if live == expected:
+        return None
+    problems = [
+        f"{key} is {live.get(key, 'not set')}, expected {value}"
+        for key, value in expected.items()
+        if live.get(key) != value
+    ]
+    extra = sorted(set(live) - set(expected))
+    problems += [f"{key} is {live[key]}, expected not set" for key in extra]
+    fixes = []
+    wrong = {k: v for k, v in expected.items() if live.get(k) != v}
+    if wrong:
+        settings = ", ".join(f"{k} = {v}" for k, v in wrong.items())
+        fixes.append(f"ALTER TABLE {table} SET ({settings})")
+    if extra:
+        fixes.append(f"ALTER TABLE {table} RESET ({', '.join(extra)})")
+    return Difference("storage", table, "; ".join(problems), tuple(fixes))

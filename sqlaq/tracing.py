@@ -1,0 +1,159 @@
+"""Traces of jobs with OpenTelemetry: the ``sqlaq[otel]`` extra.
+
+This module owns sqlaq's two touch points with OpenTelemetry, each a no-op when
+``opentelemetry-api`` is not installed (the import is tried once, here; the enqueue
+then pays nothing and the worker a function call per attempt):
+
+* **The enqueue**: :func:`capture` gives the current trace context (the global
+  propagator's fields, W3C ``traceparent`` and ``tracestate`` by default) as JSON text
+  for the job's ``headers`` column: ``queries.enqueue_stmt(job=..., headers=capture())``.
+  None when there is no active span: nothing is stored.
+* **The attempt**: :func:`span_for` starts a span around one attempt of a job in the
+  worker, after OpenTelemetry's semantic conventions for messaging: kind CONSUMER, name
+  ``process <queue>``, attributes ``messaging.system`` (``sqlaq``),
+  ``messaging.operation.type`` and ``messaging.operation.name`` (``process``),
+  ``messaging.destination.name`` (the queue), ``messaging.message.id`` (the job's id),
+  and ``sqlaq.job.kind``, ``sqlaq.job.attempt`` and, when it ends, ``sqlaq.job.outcome``
+  (done, retry, failed, snoozed, cancelled). The span is current while the handler runs,
+  so the handler's own spans are its children. It starts a trace of its own, *linked* to
+  the enqueue's context rather than its child: an attempt may run long after the request
+  that enqueued it ended, and each retry is an attempt of its own (the conventions' advice
+  for consumers).
+
+It must not import the worker or the operations at run time: the runner and the enqueue
+path call in, never the other way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlaq.outcome import Outcome
+    from sqlaq.worker.run import Run
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+except ImportError:  # the extra is not installed: every function below is a no-op
+    ENABLED = False
+else:
+    ENABLED = True
+
+__all__ = ["ENABLED", "SYSTEM", "AttemptSpan", "capture", "end", "links", "span_for", "start"]
+
+#: ``messaging.system`` of sqlaq's spans.
+SYSTEM = "sqlaq"
+#: Outcomes that mark the attempt's span as an error.
+_ERRORS = frozenset({"retry", "failed"})
+
+
+def capture() -> str | None:
+    """The current trace context as JSON text, for a job's ``headers``; None without
+    ``sqlaq[otel]`` or outside any span."""
+    if not ENABLED:
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return json.dumps(carrier, separators=(",", ":"), sort_keys=True) if carrier else None
+
+
+def links(headers: Mapping[str, Any] | str | None) -> list[Any]:
+    """The span links to the trace context in *headers* (a job's ``headers``: a dict, or
+    its JSON text); empty when it holds none, or without ``sqlaq[otel]``."""
+    if not ENABLED or not headers:
+        return []
+    if isinstance(headers, str):
+        try:
+            headers = json.loads(headers)
+        except ValueError:
+            return []
+    if not isinstance(headers, Mapping):
+        return []
+    carrier = {str(k): str(v) for k, v in headers.items()}
+    span_context = trace.get_current_span(propagate.extract(carrier)).get_span_context()
+    return [Link(span_context)] if span_context.is_valid else []
+
+
+class AttemptSpan:
+    """The span of one attempt, current in the context that started it until :func:`end`."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self, span: Any, token: Any) -> None:
+        self._span = span
+        self._token = token
+
+    @property
+    def span(self) -> Any:
+        """The OpenTelemetry span."""
+        return self._span
+
+
+def start(
+    *,
+    job_id: int,
+    kind: str,
+    queue: str,
+    attempt: int,
+    headers: Mapping[str, Any] | str | None = None,
+) -> AttemptSpan | None:
+    """Start the span of one attempt and make it current (in this thread, or this
+    asyncio task); None without ``sqlaq[otel]``. End it with :func:`end` in the same
+    thread or task."""
+    if not ENABLED:
+        return None
+    tracer = trace.get_tracer("sqlaq")
+    span = tracer.start_span(
+        f"process {queue}",
+        # A trace of its own, whatever happens to be current in the worker's thread or
+        # the host's event loop: the enqueue's is a link.
+        context=otel_context.Context(),
+        kind=SpanKind.CONSUMER,
+        links=links(headers),
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": queue,
+            "messaging.message.id": str(job_id),
+            "sqlaq.job.kind": kind,
+            "sqlaq.job.attempt": attempt,
+        },
+    )
+    token = otel_context.attach(trace.set_span_in_context(span))
+    return AttemptSpan(span, token)
+
+
+def span_for(run: Run) -> AttemptSpan | None:
+    """:func:`start` for the run of a worker (its job's id, kind, queue, attempt and
+    headers); None without ``sqlaq[otel]``."""
+    if not ENABLED:
+        return None
+    job = run.job
+    return start(
+        job_id=job.id,
+        kind=job.kind,
+        queue=job.queue,
+        attempt=job.attempt,
+        headers=getattr(job, "headers", None),
+    )
+
+
+def end(attempt: AttemptSpan | None, outcome: Outcome | None) -> None:
+    """End the span of an attempt with its *outcome* (None: the attempt did not end,
+    the worker stopped it) and make the context before it current again."""
+    if attempt is None:
+        return
+    span = attempt.span
+    if outcome is not None:
+        verdict = str(outcome.verdict)
+        span.set_attribute("sqlaq.job.outcome", verdict)
+        if verdict in _ERRORS:
+            first_line = (outcome.error or "").partition("\n")[0]
+            span.set_status(Status(StatusCode.ERROR, first_line))
+    otel_context.detach(attempt._token)
+    span.end()
