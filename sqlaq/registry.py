@@ -450,8 +450,7 @@ def _check_timeout(kind: str, value: object) -> timedelta | None:
         return None
     if not isinstance(value, timedelta) or not timedelta(0) < value <= MAX_DURATION:
         raise ConfigError(
-            f"timeout of {kind!r} must be a timedelta above 0 and at most 100 years, "
-            f"got {value!r}"
+            f"timeout of {kind!r} must be a timedelta above 0 and at most 100 years, got {value!r}"
         )
     return value
 

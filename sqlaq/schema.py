@@ -225,7 +225,5 @@ workers = Table(
     Column("queues", ARRAY(Text), nullable=False),
     Column("concurrency", Integer, nullable=False),
     Column("started_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
-    Column(
-        "last_seen_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")
-    ),
+    Column("last_seen_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
 )
