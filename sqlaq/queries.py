@@ -1728,11 +1728,16 @@ def _finished_within(window: timedelta, name: str = "b_window") -> ColumnElement
     return and_(_FINISHED, c.finished_at >= _NOW - bindparam(name, window, Interval))
 
 
-def _bucket(moment: ColumnElement[Any], bucket: timedelta) -> ColumnElement[int]:
-    """*moment* rounded down to a multiple of *bucket*, as Unix seconds (what a chart's
-    x axis takes)."""
-    seconds = bindparam("b_bucket", int(bucket.total_seconds()), BigInteger)
-    return cast(func.floor(func.extract("epoch", moment) / seconds), BigInteger) * seconds
+def _bucket(moment: ColumnElement[Any], bucket: timedelta) -> ColumnElement[datetime]:
+    """``date_bin(:b_bucket, moment, TIMESTAMPTZ 'epoch')``: *moment* rounded down to a
+    multiple of *bucket* since 1970 (PostgreSQL 14+). Timestamp arithmetic: about half
+    the cost of ``floor(extract(epoch ...))``, whose numerics are slow on a million rows."""
+    return func.date_bin(
+        bindparam("b_bucket", bucket, Interval),
+        moment,
+        literal_column("TIMESTAMPTZ 'epoch'"),
+        type_=TIMESTAMP(timezone=True),
+    )
 
 
 def error_line(error: ColumnElement[str | None] = c.last_error) -> ColumnElement[str]:
@@ -1773,11 +1778,11 @@ def overview_health_stmt() -> Select[Any]:
 
 def throughput_stmt(*, window: timedelta, bucket: timedelta) -> Select[Any]:
     """Select ``bucket, status, count``: jobs finished within *window*, per *bucket* of
-    ``finished_at`` (Unix seconds, rounded down) and outcome (done, failed, cancelled).
+    ``finished_at`` (its start, a timestamp) and outcome (done, failed, cancelled).
 
-    Renders ``SELECT floor(extract(epoch FROM finished_at) / :b_bucket)::bigint *
-    :b_bucket AS bucket, status, count(*) ... WHERE <finished within :b_window> GROUP BY
-    1, 2 ORDER BY 1, 2``. Buckets without a finished job have no row.
+    Renders ``SELECT date_bin(:b_bucket, finished_at, TIMESTAMPTZ 'epoch') AS bucket,
+    status, count(*) ... WHERE <finished within :b_window> GROUP BY 1, 2 ORDER BY 1, 2``.
+    Buckets without a finished job have no row.
     """
     start = _bucket(c.finished_at, bucket).label("bucket")
     return (
@@ -1789,9 +1794,9 @@ def throughput_stmt(*, window: timedelta, bucket: timedelta) -> Select[Any]:
 
 
 def wait_percentiles_stmt(*, window: timedelta, bucket: timedelta) -> Select[Any]:
-    """Select ``bucket, count, seconds``: how long jobs waited before their first
-    attempt started, per *bucket* of that start, with ``seconds`` the
-    :data:`WAIT_PERCENTILES` of the wait (a float array).
+    """Select ``bucket, count, waits``: how long jobs waited before their first attempt
+    started, per *bucket* of that start, with ``waits`` the :data:`WAIT_PERCENTILES` of
+    the wait (an array of intervals).
 
     The wait is ``attempted_at - created_at`` of jobs that finished within *window* on
     their first attempt (``attempts = 1``). It is the claim minus the time the job was
@@ -1799,16 +1804,19 @@ def wait_percentiles_stmt(*, window: timedelta, bucket: timedelta) -> Select[Any
     attempt) counts as waiting. Retried jobs are left out: their claim overwrote
     ``run_at``, the only record of when a retry was due. Renders ``SELECT <bucket of
     attempted_at>, count(*), percentile_cont(:b_fractions) WITHIN GROUP (ORDER BY
-    extract(epoch FROM attempted_at - created_at)) ... WHERE <finished within
-    :b_window> AND attempts = 1 AND attempted_at >= now() - :b_window GROUP BY 1``.
+    attempted_at - created_at) ... WHERE <finished within :b_window> AND attempts = 1
+    AND attempted_at >= now() - :b_window GROUP BY 1`` (intervals sort faster than the
+    numerics ``extract(epoch ...)`` would make of them).
     """
-    wait = func.extract("epoch", c.attempted_at - c.created_at)
+    wait = c.attempted_at - c.created_at
     fractions = bindparam("b_fractions", list(WAIT_PERCENTILES), ARRAY(Float))
     return (
         select(
             _bucket(c.attempted_at, bucket).label("bucket"),
             func.count().label("count"),
-            func.percentile_cont(fractions).within_group(wait).label("seconds"),
+            func.percentile_cont(fractions, type_=ARRAY(Interval))
+            .within_group(wait)
+            .label("waits"),
         )
         .where(
             _finished_within(window),

@@ -105,18 +105,20 @@ def overview(conn: Connection, hours: int) -> Overview:
         throughput[outcome] = [0.0] * len(starts)
     stmt = queries.throughput_stmt(window=window, bucket=bucket)
     for start, status, count in conn.execute(stmt):
-        if start in index:
-            throughput[status][index[start]] = round(count * per_minute, 3)
+        at = index.get(int(start.timestamp()))
+        if at is not None:
+            throughput[status][at] = round(count * per_minute, 3)
     wait: dict[str, list[float | None]] = {"t": [float(s) for s in starts]}
     for name in ("count", *_PERCENTILE_NAMES):
         wait[name] = [None] * len(starts)
-    for start, count, seconds in conn.execute(
+    for start, count, waits in conn.execute(
         queries.wait_percentiles_stmt(window=window, bucket=bucket)
     ):
-        if start in index:
-            wait["count"][index[start]] = count
-            for name, value in zip(_PERCENTILE_NAMES, seconds, strict=True):
-                wait[name][index[start]] = round(value, 3)
+        at = index.get(int(start.timestamp()))
+        if at is not None:
+            wait["count"][at] = count
+            for name, value in zip(_PERCENTILE_NAMES, waits, strict=True):
+                wait[name][at] = round(value.total_seconds(), 3)
     return Overview(
         now=now,
         hours=hours,
