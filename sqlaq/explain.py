@@ -190,7 +190,7 @@ def _held(conn: Executor, job: Any, now: datetime, registry: Registry | None) ->
         reasons.append(
             Reason(
                 ReasonCode.PAUSED,
-                f"its queue {job.queue!r} is paused (since {_when(paused.paused_at, now)}{by}): "
+                f"its queue {job.queue!r} is paused (since {_time(paused.paused_at)}{by}): "
                 f"'sqlaq resume {job.queue}' resumes it",
             )
         )
