@@ -53,10 +53,11 @@ def lint(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """The benchmark (bench/run.py) on the local PostgreSQL; writes bench/results.json.
 
-    Needs only the package itself; pass options after --, e.g. ``nox -s bench --
-    --rounds 1 --only drain``. Not in the default sessions: it takes a few minutes.
+    Needs the package with its asyncio extra (the AsyncSession enqueue); pass options
+    after --, e.g. ``nox -s bench -- --rounds 1 --only drain``. Not in the default
+    sessions: it takes a few minutes.
     """
-    session.install(".")
+    session.install(".[asyncio]")
     session.run("python", "bench/run.py", *session.posargs)
 
 

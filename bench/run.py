@@ -33,6 +33,7 @@ Scenarios (bench/RESULTS.md explains each figure):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -236,6 +237,30 @@ def enqueue_single(b: Bench) -> None:
         with b.engine.begin() as conn:
             sqlaq.enqueue(conn, "noop", {"i": i})
     b.record("1. enqueue, 1 job/transaction (jobs/s)", n / (time.perf_counter() - start))
+    b.reset()
+    b.record(
+        "1. enqueue, 1 job/transaction, AsyncSession (jobs/s)",
+        asyncio.run(_enqueue_async(b.engine.url, n)),
+    )
+
+
+async def _enqueue_async(url: Any, n: int) -> float:
+    """Jobs/s of *n* enqueues, each in an AsyncSession transaction of its own (psycopg's
+    async driver), the way an async web app enqueues."""
+    from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+
+    from sqlaq.asyncio import enqueue
+
+    engine = create_async_engine(url.set(drivername="postgresql+psycopg_async"))
+    sessions = async_sessionmaker(engine)
+    try:
+        start = time.perf_counter()
+        for i in range(n):
+            async with sessions() as session, session.begin():
+                await enqueue(session, "noop", {"i": i})
+        return n / (time.perf_counter() - start)
+    finally:
+        await engine.dispose()
 
 
 def enqueue_bulk(b: Bench) -> None:
