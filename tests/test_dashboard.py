@@ -731,3 +731,122 @@ def test_sqlaq_dashboard_serves_until_sigterm(database_url: str, committed: Engi
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+# -- paused queues and the workers' heartbeats ---------------------------------------
+
+
+@pytest.fixture
+def controls(committed: Engine) -> Iterator[Engine]:
+    """No paused queue and no heartbeat row before and after the test (the ``committed``
+    fixture empties the jobs' tables only)."""
+    empty = text("TRUNCATE sqlaq_paused_queues, sqlaq_workers")
+    with committed.begin() as conn:
+        conn.execute(empty)
+    try:
+        yield committed
+    finally:
+        with committed.begin() as conn:
+            conn.execute(empty)
+
+
+def test_pause_and_resume_a_queue_from_the_overview(
+    client: TestClient, controls: Engine, committed: Engine, jobs: dict[str, int]
+) -> None:
+    form = {csrf.FIELD: token(client), "queue": "reports"}
+    response = client.post("/queues/pause", data=form, follow_redirects=False)
+    assert response.status_code == 303
+    assert response.headers["location"] == "/?did=paused"
+    with committed.connect() as conn:
+        (paused,) = sqlaq.control.paused_queues(conn)
+    assert paused.queue == "reports"
+    assert paused.paused_by == "dashboard@testclient"
+    page = client.get(response.headers["location"]).text
+    assert "Queue paused" in page
+    row = re.search(r"<td><a[^>]*>reports</a></td>.*?</tr>", page, re.S)
+    assert row
+    assert ">paused</span>" in row.group(0)
+    assert ">Resume</button>" in row.group(0)
+    # A paused queue with no job at all is listed too, so that it can be resumed.
+    empty = {**form, "queue": "empty"}
+    client.post("/queues/pause", data=empty)
+    assert re.search(r"<td><a[^>]*>empty</a></td>", client.get("/").text)
+    assert (
+        client.post("/queues/pause", data=form, follow_redirects=False)
+        .headers["location"]
+        .endswith("did=not-paused")
+    )
+
+    response = client.post("/queues/resume", data=form, follow_redirects=False)
+    assert response.headers["location"] == "/?did=resumed"
+    with committed.connect() as conn:
+        assert [p.queue for p in sqlaq.control.paused_queues(conn)] == ["empty"]
+    assert (
+        client.post("/queues/resume", data=form, follow_redirects=False)
+        .headers["location"]
+        .endswith("did=not-resumed")
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "data", "status"),
+    [
+        ("/queues/pause", {}, 400),  # no queue
+        ("/queues/pause", {"queue": ""}, 400),
+        ("/queues/pause", {"queue": "a\x00b"}, 400),
+        ("/queues/stop", {"queue": "reports"}, 404),
+    ],
+)
+def test_a_bad_queue_action_is_refused(
+    client: TestClient,
+    controls: Engine,
+    committed: Engine,
+    path: str,
+    data: dict[str, str],
+    status: int,
+) -> None:
+    response = client.post(path, data={csrf.FIELD: token(client), **data})
+    assert response.status_code == status
+    with committed.connect() as conn:
+        assert sqlaq.control.paused_queues(conn) == []
+
+
+def test_pausing_needs_the_csrf_token_and_is_refused_read_only(
+    controls: Engine, committed: Engine, jobs: dict[str, int]
+) -> None:
+    with TestClient(dashboard_app(committed)) as client:
+        assert client.post("/queues/pause", data={"queue": "reports"}).status_code == 403
+    with TestClient(dashboard_app(committed, read_only=True)) as client:
+        page = client.get("/").text
+        assert ">Pause</button>" not in page
+        form = {csrf.FIELD: client.cookies[csrf.COOKIE], "queue": "reports"}
+        assert client.post("/queues/pause", data=form).status_code == 403
+    with committed.connect() as conn:
+        assert sqlaq.control.paused_queues(conn) == []
+
+
+def test_the_live_tables_keep_their_buttons_and_token(
+    client: TestClient, jobs: dict[str, int]
+) -> None:
+    value = token(client)
+    tables = client.get("/api/overview").json()["tables"]
+    assert f'name="{csrf.FIELD}" value="{value}"' in tables
+    assert ">Pause</button>" in tables
+
+
+def test_workers_page_lists_the_heartbeat_rows(
+    client: TestClient, controls: Engine, committed: Engine
+) -> None:
+    worker_id = uuid.uuid4()
+    with committed.begin() as conn:
+        conn.execute(
+            queries.heartbeat_stmt(
+                worker_id=worker_id, hostname="web-1", pid=4242, queues=["default"], concurrency=8
+            )
+        )
+    html = client.get("/workers").text
+    row = re.search(rf"<code>{worker_id}</code>.*?</tr>", html, re.S)
+    assert row
+    assert "<td>web-1</td>" in row.group(0)
+    assert '<td class="num">4242</td>' in row.group(0)
+    assert '<td class="num">8</td>' in row.group(0)

@@ -13,7 +13,7 @@ refreshed every few seconds from a JSON endpoint), the jobs list (the filters of
 ``sqlaq list``, paged by id), a job's page, failures grouped by kind and error, the
 workers and per-kind limits in use, and the periodic schedules. Actions (not in
 read-only mode): retry and cancel a job, retry a failure group, delete old finished jobs,
-through the same operations as the ``sqlaq`` command.
+pause and resume a queue, through the same operations as the ``sqlaq`` command.
 
 Libraries, each the common choice for its part and actively maintained: Starlette (the
 ASGI toolkit FastAPI is built on: routing, forms, static files, a test client), Jinja2
@@ -117,6 +117,7 @@ def app(
         Route("/jobs", views.jobs, name="jobs"),
         Route("/jobs/{job_id}", views.job, name="job"),
         Route("/jobs/{job_id}/{verb:str}", views.job_action, methods=["POST"], name="job_action"),
+        Route("/queues/{verb:str}", views.queue_action, methods=["POST"], name="queue_action"),
         Route("/failures", views.failures, name="failures"),
         Route("/failures/retry", views.retry_group, methods=["GET", "POST"], name="retry_group"),
         Route("/prune", views.prune, methods=["GET", "POST"], name="prune"),

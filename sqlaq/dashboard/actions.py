@@ -1,5 +1,6 @@
-"""What the dashboard's buttons do: the operations of ``sqlaq retry``, ``sqlaq cancel``
-and ``sqlaq prune``, run through :mod:`sqlaq.ops` on the dashboard's engine.
+"""What the dashboard's buttons do: the operations of ``sqlaq retry``, ``sqlaq cancel``,
+``sqlaq prune``, ``sqlaq pause`` and ``sqlaq resume``, run through :mod:`sqlaq.ops` and
+:mod:`sqlaq.control` on the dashboard's engine.
 
 Bulk work goes in batches of :data:`BATCH_SIZE` rows, one short transaction each, as the
 command does (``sqlaq.admin`` sits above this package, so the loops are its, restated
@@ -14,7 +15,7 @@ from datetime import timedelta
 
 from sqlalchemy import Engine
 
-from sqlaq import ops, queries
+from sqlaq import control, ops, queries
 from sqlaq.schema import JobStatus
 
 __all__ = [
@@ -22,7 +23,9 @@ __all__ = [
     "Done",
     "cancel_job",
     "count_prunable",
+    "pause_queue",
     "prune",
+    "resume_queue",
     "retry_group",
     "retry_job",
 ]
@@ -49,6 +52,19 @@ def cancel_job(engine: Engine, job_id: int) -> bool:
     """Cancel queued or running job *job_id* (:func:`sqlaq.cancel`); whether it was."""
     with engine.begin() as conn:
         return bool(ops.cancel(conn, [job_id]))
+
+
+def pause_queue(engine: Engine, queue: str, *, by: str) -> bool:
+    """Pause *queue* (:func:`sqlaq.control.pause`, as ``sqlaq pause``); whether it was
+    not paused already."""
+    with engine.begin() as conn:
+        return control.pause(conn, queue, by=by)
+
+
+def resume_queue(engine: Engine, queue: str) -> bool:
+    """Resume *queue* (:func:`sqlaq.control.resume`); whether it was paused."""
+    with engine.begin() as conn:
+        return control.resume(conn, queue)
 
 
 def retry_group(engine: Engine, *, kind: str, error: str, since: timedelta | None) -> Done:

@@ -35,6 +35,7 @@ __all__ = [
     "job_filter",
     "job_id",
     "prune_ages",
+    "queue_name",
 ]
 
 T = TypeVar("T")
@@ -213,6 +214,14 @@ def prune_ages(params: Params) -> dict[JobStatus, timedelta]:
         if age is not None:
             ages[status] = age
     return ages
+
+
+def queue_name(params: Params) -> str:
+    """``queue``: a queue's name (required)."""
+    queue = _optional(params, "queue", Text())
+    if queue is None:
+        raise BadInput("queue: required")
+    return queue
 
 
 def confirmed(form: Params) -> bool:

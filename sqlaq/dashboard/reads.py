@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row
 
-from sqlaq import queries
+from sqlaq import control, queries
 from sqlaq.registry import Registry
 from sqlaq.schema import FINISHED_STATUSES, JobStatus
 
@@ -61,6 +61,8 @@ class Overview:
         totals: Jobs per status over *counts*.
         health: Per queue: ``queue, due, oldest_due_age, expired_leases,
             failed_last_hour``.
+        paused: The paused queues, by name (a paused queue with no recent job is
+            listed too).
         throughput: ``t`` (bucket starts, Unix seconds) and, per outcome, jobs finished
             per minute on average over each bucket.
         wait: ``t``, ``count`` and the wait's percentiles (``p50``...) in seconds;
@@ -73,6 +75,7 @@ class Overview:
     counts: list[tuple[str, str, dict[str, int]]]
     totals: dict[str, int]
     health: list[Row[Any]]
+    paused: dict[str, control.PausedQueue] = field(default_factory=dict)
     throughput: dict[str, list[float]] = field(default_factory=dict)
     wait: dict[str, list[float | None]] = field(default_factory=dict)
 
@@ -97,6 +100,7 @@ def overview(conn: Connection, hours: int) -> Overview:
         pivot.setdefault((queue, kind), {})[status] = count
         totals[status] = totals.get(status, 0) + count
     health = list(conn.execute(queries.overview_health_stmt()))
+    paused = {p.queue: p for p in control.paused_queues(conn)}
     starts = _buckets(now, window, bucket)
     index = {start: i for i, start in enumerate(starts)}
     per_minute = 60 / bucket.total_seconds()
@@ -126,6 +130,7 @@ def overview(conn: Connection, hours: int) -> Overview:
         counts=[(q, k, by) for (q, k), by in pivot.items()],
         totals=totals,
         health=health,
+        paused=paused,
         throughput=throughput,
         wait=wait,
     )
@@ -231,11 +236,13 @@ class Workers:
             :func:`sqlaq.queries.running_workers_stmt`).
         rates: Per rate-limited kind with a start log: ``kind, logged, newest, recent,
             rate`` (the registry's, or None).
+        alive: The workers' heartbeat rows (:func:`sqlaq.control.list_workers`).
     """
 
     kinds: list[dict[str, Any]]
     workers: list[Row[Any]]
     rates: list[dict[str, Any]]
+    alive: list[control.WorkerInfo] = field(default_factory=list)
 
 
 def workers(conn: Connection, registry: Registry | None) -> Workers:
@@ -257,7 +264,7 @@ def workers(conn: Connection, registry: Registry | None) -> Workers:
         values["rate"] = limited.rate if limited else None
         rates.append(values)
     workers_ = list(conn.execute(queries.running_workers_stmt()))
-    return Workers([kinds[k] for k in sorted(kinds)], workers_, rates)
+    return Workers([kinds[k] for k in sorted(kinds)], workers_, rates, control.list_workers(conn))
 
 
 @dataclass(frozen=True)

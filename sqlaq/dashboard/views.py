@@ -36,6 +36,10 @@ NOTICES = {
     "not-retried": "Nothing to retry: the job is not failed or cancelled any more, or "
     "another pending job holds its dedupe key.",
     "cancelled": "Job cancelled.",
+    "paused": "Queue paused: no worker claims its jobs until it is resumed.",
+    "not-paused": "The queue was paused already.",
+    "resumed": "Queue resumed.",
+    "not-resumed": "The queue was not paused.",
     "not-cancelled": "Nothing to cancel: the job is no longer queued or running.",
 }
 
@@ -123,10 +127,16 @@ class Views:
         """``GET /``: counts, queue health and the plots; refreshes itself."""
         hours = forms.hours(request.query_params)
         data = await self.read(lambda conn: reads.overview(conn, hours))
+        notice = NOTICES.get(request.query_params.get("did", ""))
         return self.render(
             request,
             "overview.html",
-            {"ov": data, "windows": list(reads.WINDOWS), "refresh": self.refresh},
+            {
+                "ov": data,
+                "windows": list(reads.WINDOWS),
+                "refresh": self.refresh,
+                "notice": notice,
+            },
         )
 
     async def overview_api(self, request: Request) -> Response:
@@ -135,6 +145,9 @@ class Views:
         data = await self.read(lambda conn: reads.overview(conn, hours))
         tables = self.templates.get_template("_overview_tables.html").render(
             ov=data,
+            read_only=self.read_only,
+            csrf_field=csrf.FIELD,
+            csrf_token=request.cookies.get(csrf.COOKIE, ""),
             path=lambda route, query="", **params: path_for(request, route, query, **params),
         )
         return JSONResponse({**data.series(), "tables": tables})
@@ -209,6 +222,25 @@ class Views:
         return self.redirect(
             request, "job", f"did={did if changed else 'not-' + did}", job_id=job_id
         )
+
+    async def queue_action(self, request: Request) -> Response:
+        """``POST /queues/pause`` and ``/resume`` (form field ``queue``), then back to
+        the overview."""
+        verb = request.path_params["verb"]
+        if verb not in ("pause", "resume"):
+            raise HTTPException(404, f"no action {verb!r}: pause or resume")
+        form = await self.action_form(request)
+        queue = forms.queue_name(form)
+        await self.ensure_schema()
+        if verb == "pause":
+            who = f"dashboard@{request.client.host}" if request.client else "dashboard"
+            changed = await run_in_threadpool(
+                lambda: actions.pause_queue(self.engine, queue, by=who)
+            )
+        else:
+            changed = await run_in_threadpool(actions.resume_queue, self.engine, queue)
+        did = {"pause": "paused", "resume": "resumed"}[verb]
+        return self.redirect(request, "overview", f"did={did if changed else 'not-' + did}")
 
     async def retry_group(self, request: Request) -> Response:
         """``GET /failures/retry``: confirm; ``POST``: retry every job of the group."""
