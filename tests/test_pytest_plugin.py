@@ -15,11 +15,12 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 MARKER = 'pytest_plugins = ["sqlaq.testing.pytest_plugin"]'
 
 
-def readme_test_module() -> str:
-    """The README's python block that enables the plugin."""
+def readme_test_modules() -> list[str]:
+    """The README's python blocks that enable the plugin: the sync and the async one."""
     blocks = README.read_text().split("```python\n")[1:]
-    (module,) = [block.split("\n```", 1)[0] for block in blocks if MARKER in block]
-    return module + "\n"
+    modules = [block.split("\n```", 1)[0] + "\n" for block in blocks if MARKER in block]
+    assert len(modules) == 2, "expected the sync and the async test module in the README"
+    return modules
 
 
 def leftover_databases(server_url: str) -> list[str]:
@@ -35,13 +36,15 @@ def leftover_databases(server_url: str) -> list[str]:
 
 
 @pytest.mark.timeout(120)
-def test_the_readme_test_module_passes_with_the_plugin(server_url: str, tmp_path: Path) -> None:
-    (tmp_path / "test_jobs.py").write_text(readme_test_module())
+def test_the_readme_test_modules_pass_with_the_plugin(server_url: str, tmp_path: Path) -> None:
+    sync, async_ = readme_test_modules()
+    (tmp_path / "test_jobs.py").write_text(sync)
+    (tmp_path / "test_async_jobs.py").write_text(async_)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SQLAQ_", "PYTEST_"))}
     env["SQLAQ_TEST_DATABASE_URL"] = server_url
     before = set(leftover_databases(server_url))
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_jobs.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "."],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -49,12 +52,12 @@ def test_the_readme_test_module_passes_with_the_plugin(server_url: str, tmp_path
         timeout=110,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 passed" in done.stdout
+    assert "2 passed" in done.stdout
     assert set(leftover_databases(server_url)) <= before  # its database was dropped
 
 
 def test_without_a_server_the_plugin_says_what_to_set(tmp_path: Path) -> None:
-    (tmp_path / "test_jobs.py").write_text(readme_test_module())
+    (tmp_path / "test_jobs.py").write_text(readme_test_modules()[0])
     env = {
         k: v
         for k, v in os.environ.items()
