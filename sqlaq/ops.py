@@ -32,7 +32,7 @@ from uuid import UUID
 from sqlalchemy import ColumnElement
 from sqlalchemy.exc import DBAPIError
 
-from sqlaq import queries
+from sqlaq import queries, tracing
 from sqlaq.bounds import clamp_duration
 from sqlaq.drive import AUTOCOMMIT, Copy, Executor, Plan, Savepoint, operation
 from sqlaq.encoding import NewJob, check_duration, check_name
@@ -135,6 +135,8 @@ class ClaimedJob:
         created_at: When it was enqueued (database clock).
         lease: Pass it to complete, fail and extend_lease.
         attempted_at: When this attempt started: the claim's ``now()``.
+        headers: What the enqueuer stored with the job: its trace context (JSON object),
+            or None.
     """
 
     id: int
@@ -147,6 +149,7 @@ class ClaimedJob:
     created_at: datetime
     lease: Lease
     attempted_at: datetime | None = None
+    headers: dict[str, Any] | None = None
 
 
 @operation
@@ -192,7 +195,8 @@ def enqueue(
         max_attempts=max_attempts,
         dedupe_key=dedupe_key,
     )
-    params = queries.enqueue_params(job)
+    # The enqueuer's trace context (sqlaq[otel]), linked from each attempt's span.
+    params = queries.enqueue_params(job, headers=tracing.capture())
     if job.dedupe_key is None:
         inserted = yield _ENQUEUE, params
         return EnqueueResult(inserted.scalar_one())
@@ -232,7 +236,7 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
     if not batch:
         return []
     # Identity values are drawn in input order, so sorted ids line up with the input.
-    inserted = yield queries.enqueue_many_stmt(jobs_=batch), None
+    inserted = yield queries.enqueue_many_stmt(jobs_=batch, headers=tracing.capture()), None
     rows = sorted(inserted.all(), key=lambda r: r[0])
     inserted = iter(rows)
     results: list[EnqueueResult | None] = []
@@ -507,6 +511,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             created_at,
             Lease(job_id, worker_id, token, attempts, run_at),
             run_at - lease,
+            headers,
         )
         for (
             job_id,
@@ -520,6 +525,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             token,
             run_at,
             created_at,
+            headers,
         ) in rows
         if status == "running"
     ]

@@ -204,6 +204,7 @@ CLAIM_COLUMNS = (
     c.lease_token,
     c.run_at,
     c.created_at,
+    c.headers,
 )
 
 

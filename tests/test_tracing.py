@@ -206,12 +206,6 @@ def test_a_worker_runs_each_attempt_in_a_span_of_its_own(
     assert async_attributes["sqlaq.job.outcome"] == "done"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the enqueue path (sqlaq.ops.enqueue/enqueue_many) does not pass "
-    "headers=sqlaq.tracing.capture() to its statements yet, and ClaimedJob carries no "
-    "headers for the runner's span: both live in sqlaq/ops.py, wired separately",
-)
 def test_sqlaq_enqueue_inside_a_span_links_the_worker_span_to_it(
     committed: Engine, spans: InMemorySpanExporter
 ) -> None:
