@@ -671,6 +671,31 @@ def cancel_prelude(committed: Engine, caplog: pytest.LogCaptureFixture) -> Itera
         ]
 
 
+@prelude("operators")
+def operators_prelude(
+    committed: Engine, capsys: pytest.CaptureFixture[str]
+) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database and a ``registry`` with the sample's kind; then the
+    printed reasons start with the pause, and the queue is resumed with its job waiting."""
+    registry = sqlaq.Registry()
+    registry.handler("export_report")(lambda payload: None)
+    with committed.begin() as conn:
+        conn.execute(text("TRUNCATE sqlaq_paused_queues"))
+    try:
+        yield {"engine": committed, "registry": registry}
+        printed = capsys.readouterr().out.splitlines()
+        assert printed[0].startswith("paused: its queue 'reports' is paused (since "), printed
+        assert "by deploy 2026-12-16)" in printed[0]
+        with committed.connect() as conn:
+            assert sqlaq.paused_queues(conn) == []
+            assert [tuple(row) for row in _jobs(conn)] == [
+                ("export_report", {"report_id": 7}, "queued")
+            ]
+    finally:
+        with committed.begin() as conn:
+            conn.execute(text("TRUNCATE sqlaq_paused_queues"))
+
+
 def _imported_names(code: str) -> tuple[list[str], list[str]]:
     """The dotted names *code* takes from the modules it imports: (found, missing)."""
     tree = ast.parse(code)
@@ -734,6 +759,8 @@ ADMIN_READ_ONLY = {
     "list": r"^1235 +default +send_email +failed +1/1 ",
     "show": r'^payload +\{"user_id": 7\}$',
     "check": rf"^sqlaq schema is at {sqlaq.migrations.HEAD} \(head\)$",
+    "explain": r"^finished: failed at .* on attempt 1 of 1; last error: TimeoutError: the mail",
+    "workers": r"^(worker +host +pid +queues|\(none\))",
 }
 
 
