@@ -173,9 +173,9 @@ def test_pause_stops_claims_across_two_worker_processes_and_resume_restarts_them
 ) -> None:
     """Two real workers on the same queue: a pause stops every claim from its commit on
     (nothing to wait for: claims read the pause), running jobs finish undisturbed, and a
-    resume wakes both at once through NOTIFY, well within their 5 s poll."""
+    resume wakes both at once through NOTIFY, well within their 30 s poll."""
     engine = ledger
-    poll = 5.0
+    poll = 30.0
     with worker_processes(database_url) as start:
         workers = [
             start("--concurrency", "2", "--poll-interval", f"{poll}s", "--log-level", "info")
@@ -205,7 +205,7 @@ def test_pause_stops_claims_across_two_worker_processes_and_resume_restarts_them
         with engine.begin() as conn:
             sqlaq.resume(conn, "default")
         wait_until(lambda: count_status(engine, "done", "record") == 6, 20, "the held jobs")
-        assert time.monotonic() - resumed_at < poll / 2  # woken, not polled
+        assert time.monotonic() - resumed_at < poll / 3  # woken, not polled
         pids = {r.pid for j in held for r in ledger_runs(engine, j)}
         assert pids <= {w.pid for w in workers}
         assert all(w.alive() for w in workers)
