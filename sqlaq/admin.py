@@ -163,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay", type=typed(Duration(), "--delay"), default=timedelta(0))
     p.add_argument("--max-attempts", type=typed(_INT4_POSITIVE, "--max-attempts"), default=5)
     p.add_argument("--dedupe-key", type=typed(Text(), "--dedupe-key"))
+    p.add_argument(
+        "--run-at",
+        type=_aware_time,
+        help="run no sooner than this ISO 8601 time with its zone (2030-01-01T09:00+02:00, "
+        "or ...Z); instead of --delay",
+    )
 
     p = sub.add_parser("pause", parents=[common], help="stop every worker claiming from a queue")
     p.add_argument("queue", type=typed(Text(), "QUEUE"), metavar="QUEUE")
@@ -558,6 +564,21 @@ def _prune(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _aware_time(text: str) -> datetime:
+    """``--run-at``: an ISO 8601 time with its zone; a naive one is refused."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(
+            f"--run-at: {text[:40]!r} is not an ISO 8601 time (e.g. 2030-01-01T09:00+02:00)"
+        ) from None
+    if value.tzinfo is None:
+        raise UsageError(
+            f"--run-at: {text[:40]!r} has no time zone: add one (+02:00, or Z for UTC)"
+        )
+    return value
+
+
 def _enqueue(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     with engine.begin() as conn:
         result = ops.enqueue(
@@ -569,6 +590,7 @@ def _enqueue(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
             delay=args.delay,
             max_attempts=args.max_attempts,
             dedupe_key=args.dedupe_key,
+            run_at=args.run_at,
         )
     note = " (duplicate of a pending job)" if result.duplicate else ""
     print(f"job {result.job_id}{note}", file=out)

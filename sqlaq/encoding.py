@@ -43,7 +43,7 @@ import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -403,6 +403,9 @@ class NewJob:
         max_attempts: How many times the job may be claimed, at least 1.
         dedupe_key: At most one pending job per ``(kind, dedupe_key)``; a second enqueue
             while one is pending reports the existing job instead.
+        run_at: Run no sooner than this time, instead of ``now() + delay``: an aware
+            ``datetime`` (a naive one is refused: its time zone would be a guess); one
+            in the past is due at once.
 
     Raises:
         InvalidJobError: any field is unusable; the message names it and the fix.
@@ -415,6 +418,7 @@ class NewJob:
     delay: timedelta = timedelta(0)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     dedupe_key: str | None = None
+    run_at: datetime | None = None
     payload_json: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -425,7 +429,34 @@ class NewJob:
         check_int("max_attempts", self.max_attempts, 1, _INT4_MAX)
         if self.dedupe_key is not None:
             check_dedupe_key(self.dedupe_key)
+        if self.run_at is not None:
+            check_run_at(self.run_at)
+            if self.delay:
+                raise InvalidJobError("pass delay or run_at, not both")
         object.__setattr__(self, "payload_json", encode_payload(self.payload))
+
+
+#: The latest ``run_at`` accepted: far enough from ``datetime.max`` that the row stays
+#: readable by Python whatever is added to it later (a retry's backoff, a travel).
+MAX_RUN_AT = datetime(9899, 12, 31, tzinfo=UTC)
+
+
+def check_run_at(value: object) -> datetime:
+    """Return *value* if it is an aware ``datetime`` no later than :data:`MAX_RUN_AT`.
+
+    Raises:
+        InvalidJobError: not a datetime, naive (no time zone), or too far ahead.
+    """
+    if not isinstance(value, datetime):
+        raise InvalidJobError(f"run_at must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidJobError(
+            f"run_at must be an aware datetime, got the naive {value.isoformat()}: "
+            "say its time zone, e.g. datetime(..., tzinfo=UTC) or datetime.now(UTC)"
+        )
+    if value > MAX_RUN_AT:
+        raise InvalidJobError(f"run_at must be no later than {MAX_RUN_AT.date()}, got {value}")
+    return value
 
 
 def check_dedupe_key(value: object) -> str:

@@ -22,7 +22,7 @@ from uuid import UUID
 
 from sqlalchemy.orm import DeclarativeBase, Mapped, validates
 
-from sqlaq.encoding import check_dedupe_key, check_int, check_name, plain_payload
+from sqlaq.encoding import check_dedupe_key, check_int, check_name, check_run_at, plain_payload
 from sqlaq.errors import InvalidJobError
 from sqlaq.schema import jobs, metadata
 
@@ -76,13 +76,10 @@ class Job(_Base):
 
     @validates("run_at")
     def _validate_run_at(self, key: str, value: Any) -> Any:
-        # The database clock is the only clock: a Python datetime here would schedule by
-        # this machine's clock. SQL expressions (func.now() + interval) are fine.
+        # An absolute time must say its zone (a naive one would be a guess); SQL
+        # expressions (func.now() + interval: the database clock) are fine too.
         if isinstance(value, datetime):
-            raise InvalidJobError(
-                "run_at is set by the database clock; pass an expression such as "
-                "func.now() + timedelta(minutes=5), or use sqlaq.enqueue(..., delay=...)"
-            )
+            return check_run_at(value)
         return value
 
     @validates("kind", "queue")

@@ -162,6 +162,7 @@ def enqueue(
     delay: timedelta = timedelta(0),
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     dedupe_key: str | None = None,
+    run_at: datetime | None = None,
 ) -> Plan[EnqueueResult]:
     """Insert one job in the caller's transaction.
 
@@ -179,6 +180,8 @@ def enqueue(
         delay: Run no sooner than ``now() + delay``.
         max_attempts: How many times it may be claimed.
         dedupe_key: At most one pending job per ``(kind, dedupe_key)``.
+        run_at: Run no sooner than this aware ``datetime`` (instead of *delay*; a naive
+            one is refused).
 
     Returns:
         The job's id and whether it was a duplicate.
@@ -194,6 +197,7 @@ def enqueue(
         delay=delay,
         max_attempts=max_attempts,
         dedupe_key=dedupe_key,
+        run_at=run_at,
     )
     # The enqueuer's trace context (sqlaq[otel]), linked from each attempt's span.
     params = queries.enqueue_params(job, headers=tracing.capture())
@@ -287,9 +291,9 @@ def enqueue_copy(jobs: Iterable[NewJob]) -> Plan[int]:
                 f"jobs[{index}] has a dedupe_key; COPY cannot skip duplicates: "
                 "use sqlaq.enqueue_many for jobs with dedupe keys"
             )
-        if job.delay:
+        if job.delay or job.run_at is not None:
             raise InvalidJobError(
-                f"jobs[{index}] has a delay; COPY writes run_at = now(): "
+                f"jobs[{index}] has a delay or run_at; COPY writes run_at = now(): "
                 "use sqlaq.enqueue_many for delayed jobs"
             )
     if not batch:

@@ -220,6 +220,7 @@ def enqueue_params(job: NewJob, *, headers: str | None = None) -> dict[str, Any]
         "b_max_attempts": job.max_attempts,
         "b_dedupe_key": job.dedupe_key,
         "b_headers": headers,
+        "b_run_at": job.run_at,
     }
 
 
@@ -240,7 +241,11 @@ def enqueue_stmt(*, job: NewJob, headers: str | None = None) -> Insert:
         kind=bindparam("b_kind", v["b_kind"], Text),
         payload=cast(bindparam("b_payload", v["b_payload"], Text), JSONB),
         priority=bindparam("b_priority", v["b_priority"], SmallInteger),
-        run_at=_NOW + bindparam("b_delay", v["b_delay"], Interval),
+        # An absolute run_at when given, else now() + delay (one of them is zero/None).
+        run_at=func.coalesce(
+            bindparam("b_run_at", v["b_run_at"], TIMESTAMP(timezone=True)),
+            _NOW + bindparam("b_delay", v["b_delay"], Interval),
+        ),
         max_attempts=bindparam("b_max_attempts", v["b_max_attempts"], Integer),
         dedupe_key=bindparam("b_dedupe_key", v["b_dedupe_key"], Text),
         headers=cast(bindparam("b_headers", v["b_headers"], Text), JSONB),
@@ -269,7 +274,7 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
     """Insert many jobs in one statement; ``RETURNING id, kind, dedupe_key``.
 
     Renders ``INSERT INTO sqlaq_jobs (...) SELECT ... FROM unnest(:b_queues, ...) WITH
-    ORDINALITY ORDER BY ordinality ON CONFLICT ... DO NOTHING``: seven array parameters
+    ORDINALITY ORDER BY ordinality ON CONFLICT ... DO NOTHING``: eight array parameters
     whatever the number of jobs, so the statement is prepared once. Identity values are
     drawn in ``ORDER BY`` order, so sorting the returned rows by id gives the inserted
     jobs in input order; a job skipped as a duplicate returns no row. *headers* (JSON
@@ -283,6 +288,7 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
         "b_delays": ([j.delay for j in jobs_], ARRAY(Interval)),
         "b_max_attempts": ([j.max_attempts for j in jobs_], ARRAY(Integer)),
         "b_dedupe_keys": ([j.dedupe_key for j in jobs_], ARRAY(Text)),
+        "b_run_ats": ([j.run_at for j in jobs_], ARRAY(TIMESTAMP(timezone=True))),
     }
     rows = (
         func.unnest(*(bindparam(name, value, type_) for name, (value, type_) in arrays.items()))
@@ -294,6 +300,7 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
             "delay",
             "max_attempts",
             "dedupe_key",
+            "run_at",
             with_ordinality="ordinality",
         )
         .render_derived(name="new_jobs")
@@ -303,7 +310,7 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
         rows.c.kind,
         cast(rows.c.payload, JSONB),
         rows.c.priority,
-        _NOW + rows.c.delay,
+        func.coalesce(rows.c.run_at, _NOW + rows.c.delay),
         rows.c.max_attempts,
         rows.c.dedupe_key,
         cast(bindparam("b_headers", headers, Text), JSONB),

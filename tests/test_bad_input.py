@@ -141,13 +141,15 @@ def test_enqueue_many_rejects_items_that_are_not_new_jobs(conn: Connection) -> N
     assert count_jobs(conn) == 0
 
 
-def test_orm_job_needs_a_kind_and_refuses_python_timestamps() -> None:
+def test_orm_job_needs_a_kind_and_refuses_naive_timestamps() -> None:
     from datetime import UTC, datetime
 
     with pytest.raises(InvalidJobError, match="Job needs a kind"):
         sqlaq.Job(payload={})
-    with pytest.raises(InvalidJobError, match="run_at is set by the database clock"):
-        sqlaq.Job(kind="k", run_at=datetime.now(UTC))
+    with pytest.raises(InvalidJobError, match="run_at must be an aware datetime"):
+        sqlaq.Job(kind="k", run_at=datetime(2030, 1, 1))
+    aware = datetime(2030, 1, 1, tzinfo=UTC)
+    assert sqlaq.Job(kind="k", run_at=aware).run_at == aware
 
 
 @pytest.mark.parametrize(
