@@ -106,10 +106,14 @@ def typed(domain: Domain[T], label: str) -> Callable[[str], T]:
 
 
 def database_url(flag: str | None, environ: Mapping[str, str]) -> str:
-    """The database URL: *flag*, else ``SQLAQ_DATABASE_URL``, else ``DATABASE_URL``.
+    """The database URL: *flag*, else ``SQLAQ_DATABASE_URL``, else ``DATABASE_URL``, else,
+    with ``sqlaq[embedded]`` installed, the embedded server's (:mod:`sqlaq.embedded`,
+    in ``SQLAQ_EMBEDDED_DIR`` or ``.sqlaq``: started or joined here, with a notice on
+    stderr). With a URL given, nothing embedded is started.
 
     Raises:
-        UsageError: none is set, or the URL is not text PostgreSQL can take.
+        UsageError: none is set and the extra is not installed, the embedded server did
+            not start, or the URL is not text PostgreSQL can take.
     """
     for label, url in (
         ("--database-url", flag),
@@ -118,9 +122,21 @@ def database_url(flag: str | None, environ: Mapping[str, str]) -> str:
     ):
         if url:
             return typed(Text(), label)(url)
-    raise UsageError(
-        "no database URL: pass --database-url or set SQLAQ_DATABASE_URL (or DATABASE_URL)"
-    )
+    try:
+        from sqlaq import embedded
+    except ImportError:
+        raise UsageError(
+            "no database URL: pass --database-url or set SQLAQ_DATABASE_URL (or DATABASE_URL),"
+            " or pip install 'sqlaq[embedded]' for a local server of sqlaq's own"
+        ) from None
+    folder = environ.get("SQLAQ_EMBEDDED_DIR") or None
+    try:
+        url = embedded.database_url(folder)
+    except (embedded.EmbeddedServerError, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        raise UsageError(f"no database URL, and {reason}") from None
+    print(f"notice: no database URL: using the embedded PostgreSQL, {url}", file=sys.stderr)
+    return url
 
 
 def database_engine(

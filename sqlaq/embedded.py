@@ -79,8 +79,9 @@ _released_at_exit: set[Path] = set()
 
 
 class EmbeddedServerError(SqlaqError, RuntimeError):
-    """The embedded server could not be started, reached or stopped; the message says
-    why and, for a failed start, quotes the end of the server's log."""
+    """The embedded server could not be started, reached or stopped. The message's first
+    line says why (and where the server's log is); for a failed start, the lines after it
+    quote the end of that log."""
 
 
 def database_url(data_dir: str | os.PathLike[str] | None = None) -> str:
@@ -184,8 +185,8 @@ def _ensure_running(folder: Path) -> tuple[bool, _Server]:
         PostgresServer(pgdata, cleanup_mode=None)  # initdb if need be, then pg_ctl start
     except Exception as exc:
         raise EmbeddedServerError(
-            f"the embedded PostgreSQL in {pgdata} did not start ({exc}); "
-            f"end of its log:\n{_log_tail(pgdata)}"
+            f"the embedded PostgreSQL in {pgdata} did not start ({exc}); its log: "
+            f"{pgdata / 'log'}\n{_log_tail(pgdata)}"
         ) from exc
     pid = _postmaster_pid(pgdata)
     if pid is None:
@@ -218,8 +219,9 @@ def _answering(pgdata: Path, pid: int) -> _Server:
             # OSError, ValueError: postmaster.pid is gone or still being written.
             if time.monotonic() > deadline or not _is_postmaster(pid, pgdata):
                 raise EmbeddedServerError(
-                    f"the embedded PostgreSQL in {pgdata} (pid {pid}) does not answer: "
-                    f"{exc}; end of its log:\n{_log_tail(pgdata)}"
+                    f"the embedded PostgreSQL in {pgdata} (pid {pid}) does not answer "
+                    f"({' '.join(str(exc).split())}); its log: {pgdata / 'log'}\n"
+                    f"{_log_tail(pgdata)}"
                 ) from exc
             time.sleep(0.1)  # starting up or recovering: nothing to wait on but the socket
 

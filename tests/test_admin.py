@@ -205,10 +205,15 @@ def test_usage_errors_exit_2_with_one_line(
     assert message in one_line_error(capsys)
 
 
-def test_unreachable_database_and_missing_url_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_database_and_missing_url_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, _ = sqlaq_cmd("postgresql://postgres@127.0.0.1:1/none", "stats")
     assert code == 2
     assert "sqlaq:" in one_line_error(capsys)
+    # Without sqlaq[embedded] (hidden; with it, see test_embedded.py).
+    monkeypatch.setitem(sys.modules, "sqlaq.embedded", None)
+    monkeypatch.delattr(sqlaq, "embedded", raising=False)
     code, _ = sqlaq_cmd(None, "stats")
     assert code == 2
     assert "no database URL" in one_line_error(capsys)

@@ -106,7 +106,23 @@ def test_unreachable_database_is_one_line_exit_2() -> None:
 
 @pytest.mark.timeout(60)
 def test_missing_database_url_or_bad_variable_is_one_line_exit_2(database_url: str) -> None:
-    assert_usage_error(run_cli("worker_app:registry"), "no database URL", "SQLAQ_DATABASE_URL")
+    # Without sqlaq[embedded] (hidden from this process; with it, see test_embedded.py).
+    environment = worker_env("")
+    del environment["SQLAQ_DATABASE_URL"]
+    without_embedded = (
+        "import sys; sys.modules['sqlaq.embedded'] = None; "
+        "from sqlaq.cli import worker_main; worker_main()"
+    )
+    missing = subprocess.run(
+        [sys.executable, "-c", without_embedded, "worker_app:registry"],
+        cwd=TESTS_DIR,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert_usage_error(missing, "no database URL", "SQLAQ_DATABASE_URL", "sqlaq[embedded]")
     assert_usage_error(
         run_cli("worker_app:registry", database_url=database_url, SQLAQ_LEASE="soon"),
         "SQLAQ_LEASE: invalid duration 'soon'",

@@ -27,9 +27,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
-from workerkit import wait_until
+from workerkit import TESTS_DIR, wait_until, worker_env
 
+import sqlaq
 from sqlaq import embedded
+from sqlaq.commandline import UsageError, database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -264,3 +266,63 @@ def test_the_quickstart_runs_on_the_embedded_server_when_no_url_is_set(folder: P
     assert " started: postgresql+psycopg://postgres@/sqlaq?host=" in run.stderr
     assert "embedded PostgreSQL stopped" in run.stderr  # it was the last (only) user
     assert embedded.server_pid(folder) is None
+
+
+# -- the commands: no URL configured ------------------------------------------------------
+
+
+def command(name: str, folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``sqlaq-worker`` (name "cli") or ``sqlaq`` ("admin") with no database URL in its
+    environment and SQLAQ_EMBEDDED_DIR=*folder*, run from the tests directory."""
+    env = {k: v for k, v in worker_env("").items() if k not in {"SQLAQ_DATABASE_URL"}}
+    env.pop("DATABASE_URL", None)
+    main = "worker_main" if name == "cli" else "admin_main"
+    return subprocess.run(
+        [sys.executable, "-c", f"from sqlaq.cli import {main}; {main}()", *args],
+        cwd=TESTS_DIR,
+        env={**env, "SQLAQ_EMBEDDED_DIR": str(folder)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_with_no_url_the_commands_use_the_embedded_server(folder: Path) -> None:
+    migrated = command("admin", folder, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "notice: no database URL: using the embedded PostgreSQL, " in migrated.stderr
+    assert embedded.server_pid(folder) is None  # its only user exited: stopped
+    enqueued = command("admin", folder, "enqueue", "noop")
+    assert enqueued.returncode == 0, enqueued.stderr
+    worked = command("cli", folder, "worker_app:registry", "--burst")
+    assert worked.returncode == 0, worked.stderr
+    assert worked.stderr.startswith("notice: no database URL: using the embedded PostgreSQL, ")
+    url = embedded.database_url(folder)
+    assert query(url, "SELECT status FROM sqlaq_jobs WHERE kind = 'noop'") == "done"
+
+
+def test_with_a_url_nothing_embedded_is_started(tmp_path: Path) -> None:
+    folder = tmp_path / "never"
+    url = "postgresql://app@db.example/app"
+    for flag, environ in (
+        (url, {}),
+        (None, {"SQLAQ_DATABASE_URL": url}),
+        (None, {"DATABASE_URL": url}),
+    ):
+        assert database_url(flag, {**environ, "SQLAQ_EMBEDDED_DIR": str(folder)}) == url
+    assert not folder.exists()
+
+
+def test_without_the_extra_no_url_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "sqlaq.embedded", None)  # as if not installed
+    monkeypatch.delattr(sqlaq, "embedded")
+    with pytest.raises(UsageError, match=r"^no database URL: .*pip install 'sqlaq\[embedded\]'"):
+        database_url(None, {})
+
+
+def test_an_embedded_server_that_cannot_start_is_one_usage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(UsageError, match=r"^no database URL, and "):
+        database_url(None, {"SQLAQ_EMBEDDED_DIR": str(blocker / "sqlaq")})
