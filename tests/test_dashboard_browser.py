@@ -114,7 +114,18 @@ def test_overview_plots_render_with_data_and_refresh_without_reload(
     page: Page, served: str, committed: Engine, tmp_path: Path
 ) -> None:
     populate(committed, history=1000)
+    with committed.begin() as conn:
+        sqlaq.control.pause(conn, "reports", by="ops@laptop")
+    try:
+        overview(page, served, committed, tmp_path)
+    finally:
+        with committed.begin() as conn:
+            sqlaq.control.resume(conn, "reports")
+
+
+def overview(page: Page, served: str, committed: Engine, tmp_path: Path) -> None:
     page.goto(served + "/")
+    expect(page.locator("#queues tr", has_text="reports")).to_contain_text("paused")
     page.wait_for_function("window.sqlaqDashboard && window.sqlaqDashboard.charts.wait")
     plotted: dict[str, Any] = page.evaluate(
         """() => {
