@@ -65,10 +65,11 @@ def role(engine: Engine, database_url: str) -> Iterator[tuple[str, str]]:
     """A LOGIN role of the test's own (roles are cluster-wide: a unique name) and the
     suite's database URL as that role; dropped after the test, whatever happened."""
     name = f"sqlaq_test_role_{uuid.uuid4().hex[:12]}"
-    url = make_url(database_url).set(username=name, password=None)
+    password = uuid.uuid4().hex  # for a server with password authentication
+    url = make_url(database_url).set(username=name, password=password)
     admin_engine = create_engine(database_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     with admin_engine.connect() as conn:
-        conn.execute(text(f'CREATE ROLE "{name}" LOGIN'))
+        conn.execute(text(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'"))
     try:
         yield name, url.render_as_string(hide_password=False)
     finally:
