@@ -696,6 +696,37 @@ def operators_prelude(
             conn.execute(text("TRUNCATE sqlaq_paused_queues"))
 
 
+@prelude("dashboard")
+def dashboard_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database and ``registry`` (a kind limited to 2 at once);
+    then the host's app the sample built serves the dashboard under ``/queue``: its
+    pages answer there, every link stays under it, and the limit shows."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+        from starlette.testclient import TestClient
+
+    registry = sqlaq.Registry()
+    registry.add("send_email", lambda payload: None, concurrency=2)
+    with committed.begin() as conn:
+        sqlaq.enqueue(conn, "send_email", {"user_id": 7})
+    namespace: dict[str, Any] = {"engine": committed, "registry": registry}
+    yield namespace
+
+    with TestClient(namespace["app"]) as client:
+        page = client.get("/queue/")
+        assert page.status_code == 200, page.text
+        assert re.search(r"<td>default</td>\s*<td>send_email</td>", page.text)
+        links = re.findall(r'(?:href|src|action)="(/[^"]*)"', page.text)
+        assert links
+        assert all(link.startswith("/queue/") for link in links), links
+        workers = client.get("/queue/workers").text
+        assert re.search(
+            r'send_email</a></td>\s*<td class="num">0</td>\s*<td class="num">2<', workers
+        )
+
+
 def _imported_names(code: str) -> tuple[list[str], list[str]]:
     """The dotted names *code* takes from the modules it imports: (found, missing)."""
     tree = ast.parse(code)
