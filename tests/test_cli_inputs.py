@@ -264,6 +264,8 @@ def _in_domain(domain: Any, value: Any) -> bool:
         return bool(value) and all(isinstance(n, str) and n.strip() for n in value)
     if isinstance(domain, Choice):
         return value in domain.choices
+    if value is None:  # only an optional URL (listen_url) takes None: the database URL
+        return type(domain).__name__ == "DatabaseUrl"
     return isinstance(value, bool | str)
 
 

@@ -74,7 +74,7 @@ def status_is(engine: Engine, job_id: int, *statuses: str) -> bool:
 # -- several worker processes ----------------------------------------------------------
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(330)
 def test_four_workers_times_4000_jobs_each_run_exactly_once(
     ledger: Engine, database_url: str
 ) -> None:
@@ -84,7 +84,8 @@ def test_four_workers_times_4000_jobs_each_run_exactly_once(
         workers = [start("--concurrency", "8", "--log-level", "warning") for _ in range(4)]
         wait_until(lambda: len(listener_backends(ledger)) == 4, 20, "four listening workers")
         ids = enqueue_many(ledger, "record", total)
-        wait_until(lambda: count_status(ledger, "done") == total, 150, "all jobs done", 0.2)
+        # Generous: about 90 s on a calm 2-core box, much more on a loaded one.
+        wait_until(lambda: count_status(ledger, "done") == total, 300, "all jobs done", 0.2)
         assert all(w.alive() for w in workers)
     runs = rows(
         ledger,
