@@ -88,7 +88,7 @@ def browser(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def types(session: nox.Session) -> None:
     """mypy --strict over the package."""
-    session.install("-e", ".[prometheus,embedded,dashboard]", "mypy", "pytest")
+    session.install("-e", ".[prometheus,embedded,dashboard,otel]", "mypy", "pytest")
     session.run("mypy")
 
 

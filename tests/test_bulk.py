@@ -110,7 +110,10 @@ def test_enqueue_copy_works_on_a_session(committed: Engine) -> None:
     ("bad", "message"),
     [
         (NewJob("copy", dedupe_key="k"), "has a dedupe_key; COPY cannot skip duplicates"),
-        (NewJob("copy", delay=timedelta(seconds=5)), "has a delay or run_at; COPY writes run_at = now()"),
+        (
+            NewJob("copy", delay=timedelta(seconds=5)),
+            "has a delay or run_at; COPY writes run_at = now()",
+        ),
         ({"kind": "copy"}, "jobs\\[1\\] must be a sqlaq.NewJob, got dict"),
     ],
 )
