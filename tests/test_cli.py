@@ -298,6 +298,11 @@ def test_listen_url_option_flag_variable_and_python_api() -> None:
         WorkerConfig(listen_url=5432)
 
 
+def with_query(url: str, **params: str) -> str:
+    """*url* with *params* added to its query (which may hold ``?host=`` already)."""
+    return make_url(url).update_query_dict(params).render_as_string(hide_password=False)
+
+
 @pytest.mark.timeout(60)
 def test_bad_listen_url_or_prepare_threshold_is_one_line_exit_2(
     database_url: str, empty_database_url: str
@@ -306,7 +311,7 @@ def test_bad_listen_url_or_prepare_threshold_is_one_line_exit_2(
         run_cli("worker_app:registry", "--listen-url", "mysql://x/y", database_url=database_url),
         "--listen-url: 'mysql://x/y' is not a PostgreSQL URL",
     )
-    bad_threshold = database_url + "?prepare_threshold=sometimes"
+    bad_threshold = with_query(database_url, prepare_threshold="sometimes")
     assert_usage_error(
         run_cli("worker_app:registry", "--database-url", bad_threshold),
         "invalid database URL",
@@ -339,7 +344,7 @@ def test_burst_with_prepare_threshold_none_and_a_listen_url(
         "worker_app:registry",
         "--burst",
         "--database-url",
-        database_url + "?prepare_threshold=none",
+        with_query(database_url, prepare_threshold="none"),
         "--listen-url",
         database_url,
         database_url=database_url,
