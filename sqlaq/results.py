@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 
 from sqlaq import queries
 from sqlaq.bounds import MAX_DURATION
+from sqlaq.dsn import connection_params
 from sqlaq.encoding import check_duration, encode_value
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
 from sqlaq.lease import Lease
@@ -68,12 +69,6 @@ DEFAULT_POLL_INTERVAL = timedelta(seconds=5)
 #: names one), so it is easy to find in ``pg_stat_activity``.
 APPLICATION_NAME = "sqlaq-wait"
 # The same keepalives as the worker's listener: a wait may be long, and only reads.
-_KEEPALIVES = {
-    "keepalives": 1,
-    "keepalives_idle": 30,
-    "keepalives_interval": 10,
-    "keepalives_count": 3,
-}
 _INT8_MAX = 9_223_372_036_854_775_807
 
 _NIL = Lease(0, UUID(int=0), UUID(int=0), 0, datetime.min)
@@ -328,18 +323,6 @@ def _read(engine: Engine, job_id: int) -> JobOutcome:
     return _outcome(row)
 
 
-def _listen_params(engine: Engine) -> dict[str, Any]:
-    # As sqlaq.worker.listener.connection_params (which this layer may not import): the
-    # engine's URL as psycopg connect() arguments, with a name and keepalives.
-    _, params = engine.dialect.create_connect_args(engine.url)
-    params = {k: v for k, v in params.items() if k != "context"}
-    params.setdefault("application_name", APPLICATION_NAME)
-    params.setdefault("connect_timeout", 10)
-    for key, value in _KEEPALIVES.items():
-        params.setdefault(key, value)
-    return params
-
-
 class _FinishListener:
     """A raw autocommit psycopg connection LISTENing on ``sqlaq_finished``, outside the
     engine's pool (a pooled connection would carry the LISTEN to its next user).
@@ -349,7 +332,7 @@ class _FinishListener:
     """
 
     def __init__(self, engine: Engine) -> None:
-        self._params = _listen_params(engine)
+        self._params = connection_params(engine, APPLICATION_NAME)
         self._conn: psycopg.Connection[Any] | None = None
 
     def __enter__(self) -> _FinishListener:

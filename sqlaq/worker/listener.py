@@ -22,7 +22,8 @@ from typing import Any
 import psycopg
 import psycopg.sql
 import tenacity
-from sqlalchemy import Engine
+
+from sqlaq.dsn import connection_params
 
 __all__ = ["Listener", "connection_params"]
 
@@ -36,31 +37,6 @@ DEFAULT_APPLICATION_NAME = "sqlaq-listener"
 # How long one wait for notifications lasts: the bound on how late stop() is noticed.
 _WAIT_SECONDS = 0.25
 _RECONNECT_INITIAL_SECONDS = 0.1
-# TCP keepalives, so a connection to a vanished host (no RST ever arrives) is noticed in
-# about a minute instead of never: the LISTEN connection only ever reads.
-_KEEPALIVES = {
-    "keepalives": 1,
-    "keepalives_idle": 30,
-    "keepalives_interval": 10,
-    "keepalives_count": 3,
-}
-
-
-def connection_params(engine: Engine, application_name: str) -> dict[str, Any]:
-    """psycopg ``connect()`` keyword arguments for the database *engine* points at.
-
-    Taken from the engine's URL (``connect_args`` given to ``create_engine`` are not
-    visible from outside the pool, so put listener-relevant settings such as ``sslmode``
-    in the URL). *application_name* is used unless the URL names one, so the backend is
-    easy to find in ``pg_stat_activity``.
-    """
-    _, params = engine.dialect.create_connect_args(engine.url)
-    params = {k: v for k, v in params.items() if k != "context"}
-    params.setdefault("application_name", application_name)
-    params.setdefault("connect_timeout", 10)
-    for key, value in _KEEPALIVES.items():
-        params.setdefault(key, value)
-    return params
 
 
 class Listener:

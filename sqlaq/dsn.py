@@ -1,0 +1,41 @@
+"""Connection arguments for the connections sqlaq opens outside an engine's pool.
+
+A LISTEN must live on a connection of its own (a pooled one would carry the LISTEN to
+its next user), so the worker's listener and :func:`sqlaq.wait` open raw psycopg
+connections. This module owns how: the engine's URL as psycopg ``connect()`` keyword
+arguments, with a name to find the backend by and TCP keepalives to notice a dead
+peer. No SQL, no connection of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine
+
+__all__ = ["KEEPALIVES", "connection_params"]
+
+#: TCP keepalives of a long-lived connection: a dead peer is noticed within a minute.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
+
+def connection_params(engine: Engine, application_name: str) -> dict[str, Any]:
+    """psycopg ``connect()`` keyword arguments for the database *engine* points at.
+
+    Taken from the engine's URL (``connect_args`` given to ``create_engine`` are not
+    visible from outside the pool, so put settings such as ``sslmode`` in the URL).
+    *application_name* is used unless the URL names one, so the backend is easy to find
+    in ``pg_stat_activity``.
+    """
+    _, params = engine.dialect.create_connect_args(engine.url)
+    params = {k: v for k, v in params.items() if k != "context"}
+    params.setdefault("application_name", application_name)
+    params.setdefault("connect_timeout", 10)
+    for key, value in KEEPALIVES.items():
+        params.setdefault(key, value)
+    return params
