@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from sqlalchemy import Engine
 
-from sqlaq.admin import main as admin_main
 from sqlaq.commandline import (
     EXIT_USAGE,
     CommandParser,
@@ -57,7 +56,19 @@ from sqlaq.option import Boolean, Choice, Integer, Option, Text, parse_bool, par
 from sqlaq.worker import WORKER_APPLICATION_NAME, Worker
 
 if TYPE_CHECKING:
+    from sqlaq.admin import main as admin_main
     from sqlaq.metrics import WorkerMetrics
+else:
+
+    def __getattr__(name: str) -> Any:
+        # admin_main (the ``sqlaq`` command's entry point) on first use: the worker
+        # command does without the admin command's modules.
+        if name == "admin_main":
+            from sqlaq.admin import main
+
+            return main
+        raise AttributeError(f"module 'sqlaq.cli' has no attribute {name!r}")
+
 
 __all__ = [
     "COMMAND_OPTIONS",

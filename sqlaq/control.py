@@ -21,18 +21,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, TypeAlias
 from uuid import UUID
 
 from sqlalchemy import Connection
-from sqlalchemy.orm import Session
 
 from sqlaq import queries
 from sqlaq.encoding import check_name, check_text
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
 __all__ = ["PausedQueue", "WorkerInfo", "list_workers", "pause", "paused_queues", "resume"]
 
 #: What the operations of this module run on.
-Executor = Connection | Session
+# A string: sqlalchemy.orm is imported for type checkers only (a worker does without it).
+Executor: TypeAlias = "Connection | Session"
 
 
 @dataclass(frozen=True, slots=True)

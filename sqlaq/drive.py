@@ -37,15 +37,19 @@ import inspect
 import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 import psycopg
 import psycopg.sql
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
 
 from sqlaq.errors import ConfigError
+
+if TYPE_CHECKING:
+    # Not at run time: a process that never imports the ORM (a worker) has no Session
+    # to pass, and importing sqlalchemy.orm costs it ~6 MiB.
+    from sqlalchemy.orm import Session
 
 __all__ = [
     "AUTOCOMMIT",
@@ -62,7 +66,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: What a sync operation runs on: a Core connection or an ORM session.
-Executor: TypeAlias = Connection | Session
+Executor: TypeAlias = "Connection | Session"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +113,9 @@ Plan: TypeAlias = Generator[Step, Any, R]
 
 # The plan behind each operation, for plan_of and the async twins.
 _PLANS: dict[Callable[..., Any], Callable[..., Plan[Any]]] = {}
-# The types the sync driver takes without a second look (anything with .execute goes).
-_SYNC_TYPES = frozenset({Connection, Session})
+# The types the sync driver takes without a second look (anything with .execute goes;
+# a Session's type joins on first use, see check_sync).
+_SYNC_TYPES: set[type] = {Connection}
 
 
 def operation(plan: Callable[P, Plan[R]]) -> Callable[Concatenate[Executor, P], R]:
@@ -229,6 +234,9 @@ def check_sync(conn: object, name: str, module: str) -> None:
             f"transaction), not {kind}: e.g. 'with engine.begin() as conn: "
             f"sqlaq.{name}(conn, ...)'"
         )
+    orm = sys.modules.get("sqlalchemy.orm")
+    if orm is not None and type(conn) is orm.Session:
+        _SYNC_TYPES.add(orm.Session)  # no second look next time
 
 
 def public_name(name: str, module: str) -> str:

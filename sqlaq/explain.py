@@ -26,11 +26,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 from uuid import UUID
 
 from sqlalchemy import Connection
-from sqlalchemy.orm import Session
 
 from sqlaq import queries
 from sqlaq.errors import ConfigError
@@ -38,12 +37,15 @@ from sqlaq.results import JobNotFoundError
 from sqlaq.schema import JobStatus
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from sqlaq.registry import Registry
 
 __all__ = ["DEFAULT_STALE_AFTER", "Reason", "ReasonCode", "explain"]
 
 #: What the operations of this module run on.
-Executor = Connection | Session
+# A string: sqlalchemy.orm is imported for type checkers only (a worker does without it).
+Executor: TypeAlias = "Connection | Session"
 
 #: A worker whose heartbeat is older than this is not counted as serving its queues
 #: (workers write theirs once per maintenance interval, 60 s by default).

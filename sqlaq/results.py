@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 from uuid import UUID
 
 import psycopg
 from sqlalchemy import Connection, Engine
-from sqlalchemy.orm import Session
 
 from sqlaq import queries
 from sqlaq.bounds import MAX_DURATION
@@ -43,6 +43,9 @@ from sqlaq.encoding import check_duration, encode_value
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
 from sqlaq.lease import Lease
 from sqlaq.schema import FINISH_CHANNEL, FINISHED_STATUSES, JobStatus
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 __all__ = [
     "APPLICATION_NAME",
@@ -59,7 +62,8 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 #: What :func:`complete_with_result` and :func:`result` run on.
-Executor = Connection | Session
+# A string: sqlalchemy.orm is imported for type checkers only (a worker does without it).
+Executor: TypeAlias = "Connection | Session"
 
 #: How often :func:`wait` reads the job even without a notification: the bound on how
 #: late it notices a finish whose notification was lost (the listening connection
@@ -283,7 +287,8 @@ def _duration(name: str, value: object, *, allow_zero: bool) -> timedelta:
 
 
 def _engine_of(target: object) -> Engine:
-    if isinstance(target, Session):
+    orm = sys.modules.get("sqlalchemy.orm")  # no Session exists unless it was imported
+    if orm is not None and isinstance(target, orm.Session):
         target = target.get_bind()
     if isinstance(target, Connection):
         return target.engine

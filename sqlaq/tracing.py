@@ -1,8 +1,12 @@
 """Traces of jobs with OpenTelemetry: the ``sqlaq[otel]`` extra.
 
 This module owns sqlaq's two touch points with OpenTelemetry, each a no-op when
-``opentelemetry-api`` is not installed (the import is tried once, here; the enqueue
-then pays nothing and the worker a function call per attempt):
+``opentelemetry-api`` is not installed (looked for once, here; the enqueue then pays
+nothing and the worker a function call per attempt), or while the process has not
+imported OpenTelemetry itself: it is imported here only then (configuring a tracer
+provider, or starting a span, imports it), so a process that does not trace never loads
+it. (A tracer provider named only by ``OTEL_PYTHON_TRACER_PROVIDER``, with nothing
+imported, is not looked up.)
 
 * **The enqueue**: :func:`capture` gives the current trace context (the global
   propagator's fields, W3C ``traceparent`` and ``tracestate`` by default) as JSON text
@@ -27,23 +31,62 @@ path call in, never the other way.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sqlaq.outcome import Outcome
-    from sqlaq.worker.run import Run
-
-try:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
     from opentelemetry.trace import Link, SpanKind, Status, StatusCode
-except ImportError:  # the extra is not installed: every function below is a no-op
-    ENABLED = False
-else:
-    ENABLED = True
+
+    from sqlaq.outcome import Outcome
+    from sqlaq.worker.run import Run
+
 
 __all__ = ["ENABLED", "SYSTEM", "AttemptSpan", "capture", "end", "links", "span_for", "start"]
+
+
+def _installed() -> bool:
+    try:
+        return find_spec("opentelemetry.trace") is not None
+    except (ImportError, ValueError):  # pragma: no cover - a broken install
+        return False
+
+
+#: Whether the ``sqlaq[otel]`` extra is installed (without it every function here is a
+#: no-op). Whether it is *used* is decided on each call: see :func:`_in_use`.
+ENABLED = _installed()
+_loaded = False
+
+
+def _in_use() -> bool:
+    """Whether tracing is in use, OpenTelemetry imported here on the first call that says
+    so: the extra is installed and this process has imported ``opentelemetry.context``.
+
+    Whoever configures a tracer provider, starts a span or sets baggage has imported it;
+    until then there is no context to capture and a span would record nothing, so a
+    process that does not trace (a worker, by default) never loads OpenTelemetry's ~20
+    modules (~5 MiB).
+    """
+    global _loaded
+    if _loaded:
+        return True
+    if not ENABLED or "opentelemetry.context" not in sys.modules:
+        return False
+    _load()
+    return True
+
+
+def _load() -> None:
+    global otel_context, propagate, trace, Link, SpanKind, Status, StatusCode, _loaded
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+    _loaded = True
+
 
 #: ``messaging.system`` of sqlaq's spans.
 SYSTEM = "sqlaq"
@@ -54,7 +97,7 @@ _ERRORS = frozenset({"retry", "failed"})
 def capture() -> str | None:
     """The current trace context as JSON text, for a job's ``headers``; None without
     ``sqlaq[otel]`` or outside any span."""
-    if not ENABLED:
+    if not _in_use():
         return None
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
@@ -64,7 +107,7 @@ def capture() -> str | None:
 def links(headers: Mapping[str, Any] | str | None) -> list[Any]:
     """The span links to the trace context in *headers* (a job's ``headers``: a dict, or
     its JSON text); empty when it holds none, or without ``sqlaq[otel]``."""
-    if not ENABLED or not headers:
+    if not headers or not _in_use():
         return []
     if isinstance(headers, str):
         try:
@@ -104,7 +147,7 @@ def start(
     """Start the span of one attempt and make it current (in this thread, or this
     asyncio task); None without ``sqlaq[otel]``. End it with :func:`end` in the same
     thread or task."""
-    if not ENABLED:
+    if not _in_use():
         return None
     tracer = trace.get_tracer("sqlaq")
     span = tracer.start_span(
@@ -130,8 +173,9 @@ def start(
 
 def span_for(run: Run) -> AttemptSpan | None:
     """:func:`start` for the run of a worker (its job's id, kind, queue, attempt and
-    headers); None without ``sqlaq[otel]``."""
-    if not ENABLED:
+    headers); None without ``sqlaq[otel]``, or while this process has not imported
+    OpenTelemetry."""
+    if not _in_use():
         return None
     job = run.job
     return start(

@@ -20,11 +20,9 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from time import perf_counter
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session
-from sqlalchemy.orm import sessionmaker as orm_sessionmaker
 
 from sqlaq import ops
 from sqlaq.config import DEFAULT_CONCURRENCY
@@ -36,11 +34,14 @@ from sqlaq.results import complete_with_result
 from sqlaq.schema import JobStatus
 from sqlaq.worker.run import Finished, Run, bounded
 
+if TYPE_CHECKING:  # imported where a transactional handler needs it: a worker without
+    from sqlalchemy.orm import Session  # one never loads sqlalchemy.orm
+
 __all__ = ["AsyncSessionFactory", "SessionFactory", "Sessions", "run_async", "run_sync"]
 
 #: Makes the session of one job's transaction: a ``sessionmaker`` (or any callable
 #: returning a Session usable as a context manager).
-SessionFactory = Callable[[], AbstractContextManager[Session]]
+SessionFactory: TypeAlias = "Callable[[], AbstractContextManager[Session]]"
 AsyncSessionFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
 
@@ -177,7 +178,12 @@ class Sessions:
         given_async = sessionmaker is not None and _is_async_factory(sessionmaker)
         if any(not h.is_async for h in kinds):
             factory = sessionmaker if sessionmaker is not None and not given_async else None
-            self.sync = factory or orm_sessionmaker(bind=engine)
+            if factory is None:
+                from sqlalchemy.orm import sessionmaker as orm_sessionmaker
+
+                self.sync = orm_sessionmaker(bind=engine)
+            else:
+                self.sync = factory
             bind = getattr(factory, "kw", {}).get("bind", engine) if factory else engine
             self.concurrency = _fit_pool(bind, concurrency)
         if any(h.is_async for h in kinds):
