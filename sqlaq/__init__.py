@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from sqlaq.models import Job
     from sqlaq.ops import (
         ClaimedJob,
+        EnqueueOutcome,
         EnqueueResult,
         LimitedClaim,
         PruneResult,
@@ -80,6 +81,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(
         (
             "ClaimedJob",
+            "EnqueueOutcome",
             "EnqueueResult",
             "LimitedClaim",
             "PruneResult",
@@ -134,6 +136,7 @@ __all__ = [
     "Backoff",
     "ClaimedJob",
     "ConfigError",
+    "EnqueueOutcome",
     "EnqueueResult",
     "Handler",
     "InvalidJobError",

@@ -27,7 +27,14 @@ from sqlaq.errors import ConfigError, SchemaOutOfDateError
 from sqlaq.maintenance import direct_engine
 from sqlaq.option import Domain, PrepareThreshold, Text
 from sqlaq.registry import Registry
-from sqlaq.schema import PAUSED_TABLE, PERIODIC_TABLE, RATES_TABLE, TABLE_NAME, WORKERS_TABLE
+from sqlaq.schema import (
+    PAUSED_TABLE,
+    PERIODIC_TABLE,
+    RATES_TABLE,
+    TABLE_NAME,
+    UNIQUE_HOLDS_TABLE,
+    WORKERS_TABLE,
+)
 
 __all__ = [
     "EXIT_USAGE",
@@ -55,13 +62,15 @@ EXIT_USAGE = 2
 #: periodic jobs and handlers insert them, the leader deletes finished ones; limited
 #: claims keep their rate log up to date (an upsert), periodic slots are locked and
 #: advanced (``FOR UPDATE`` needs UPDATE too); every claim reads the paused queues; each
-#: worker keeps its heartbeat row, and the leader deletes stale ones.
+#: worker keeps its heartbeat row, and the leader deletes stale ones; handlers' enqueues
+#: take ``unique_for`` holds (an upsert), and the leader deletes expired ones.
 WORKER_PRIVILEGES: Mapping[str, tuple[str, ...]] = {
     TABLE_NAME: ("SELECT", "INSERT", "UPDATE", "DELETE"),
     RATES_TABLE: ("SELECT", "INSERT", "UPDATE"),
     PERIODIC_TABLE: ("SELECT", "INSERT", "UPDATE"),
     PAUSED_TABLE: ("SELECT",),
     WORKERS_TABLE: ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    UNIQUE_HOLDS_TABLE: ("SELECT", "INSERT", "UPDATE", "DELETE"),
 }
 
 #: Async drivers an application's ``DATABASE_URL`` often names: the commands are

@@ -406,6 +406,8 @@ class NewJob:
         run_at: Run no sooner than this time, instead of ``now() + delay``: an aware
             ``datetime`` (a naive one is refused: its time zone would be a guess); one
             in the past is due at once.
+        timeout: This job's attempt timeout, over its handler's ``timeout=`` (a
+            positive timedelta of at most 100 years); None: the handler's.
 
     Raises:
         InvalidJobError: any field is unusable; the message names it and the fix.
@@ -419,6 +421,7 @@ class NewJob:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     dedupe_key: str | None = None
     run_at: datetime | None = None
+    timeout: timedelta | None = None
     payload_json: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -433,6 +436,8 @@ class NewJob:
             check_run_at(self.run_at)
             if self.delay:
                 raise InvalidJobError("pass delay or run_at, not both")
+        if self.timeout is not None:
+            check_duration("timeout", self.timeout, allow_zero=False)
         object.__setattr__(self, "payload_json", encode_payload(self.payload))
 
 
@@ -459,22 +464,23 @@ def check_run_at(value: object) -> datetime:
     return value
 
 
-def check_dedupe_key(value: object) -> str:
-    """Return *value* if it is a usable dedupe key, else raise.
+def check_dedupe_key(value: object, field_name: str = "dedupe_key") -> str:
+    """Return *value* if it is a usable dedupe key (or debounce key: *field_name*),
+    else raise.
 
     Raises:
         InvalidJobError: not a str, empty, holding NUL or a lone surrogate, or longer
             than :data:`~sqlaq.schema.MAX_DEDUPE_KEY_BYTES` bytes in UTF-8.
     """
     if not isinstance(value, str):
-        raise InvalidJobError(f"dedupe_key must be a str or None, got {type(value).__name__}")
+        raise InvalidJobError(f"{field_name} must be a str or None, got {type(value).__name__}")
     if not value:
-        raise InvalidJobError("dedupe_key must not be empty; pass None for no dedupe")
-    check_text("dedupe_key", value)
+        raise InvalidJobError(f"{field_name} must not be empty; pass None for no key")
+    check_text(field_name, value)
     size = len(value.encode())
     if size > MAX_DEDUPE_KEY_BYTES:
         raise InvalidJobError(
-            f"dedupe_key is {size} bytes; the limit is {MAX_DEDUPE_KEY_BYTES}: "
+            f"{field_name} is {size} bytes; the limit is {MAX_DEDUPE_KEY_BYTES}: "
             "hash long keys (e.g. hashlib.sha256)"
         )
     return value

@@ -260,6 +260,10 @@ class Maintenance:
             stale = timedelta(seconds=STALE_INTERVALS * self._interval)
             gone = conn.execute(queries.prune_workers_stmt(older_than=stale)).all()
             conn.commit()
+            # Expired unique_for holds (enqueue takes an expired one over anyway).
+            self._in_batches(
+                conn, lambda: len(conn.execute(queries.prune_unique_holds_stmt(limit=BATCH)).all())
+            )
         except Exception:
             self._resign()  # the lock's connection is suspect: let someone else lead
             raise

@@ -16,13 +16,20 @@ construction, never at flush.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from sqlalchemy.orm import DeclarativeBase, Mapped, validates
 
-from sqlaq.encoding import check_dedupe_key, check_int, check_name, check_run_at, plain_payload
+from sqlaq.encoding import (
+    check_dedupe_key,
+    check_duration,
+    check_int,
+    check_name,
+    check_run_at,
+    plain_payload,
+)
 from sqlaq.errors import InvalidJobError
 from sqlaq.schema import jobs, metadata
 
@@ -43,7 +50,11 @@ class Job(_Base):
     For a ``dedupe_key`` use :func:`sqlaq.enqueue` on the session instead: the ORM's
     INSERT has no ``ON CONFLICT``, so a duplicate would raise IntegrityError at flush and
     abort the whole transaction, while ``enqueue`` reports the existing job and leaves
-    the transaction usable.
+    the transaction usable. The same goes for debounce and ``unique_for``: they exist
+    only as :func:`sqlaq.enqueue` arguments (``debounce_key`` cannot be set here).
+
+    ``timeout`` (a positive ``timedelta``, at most 100 years) is this job's attempt
+    timeout, over its handler's (see "Timeouts" in the README).
     """
 
     __table__ = jobs
@@ -68,6 +79,12 @@ class Job(_Base):
     #: The handler's return value (decoded JSON), or None; see :func:`sqlaq.result`.
     result: Mapped[Any]
     awaited: Mapped[bool]
+    #: What the enqueuer sent beside the payload (the trace context), or None.
+    headers: Mapped[dict[str, Any] | None]
+    #: A debounced job's key (set by ``enqueue(..., debounce=...)`` only).
+    debounce_key: Mapped[str | None]
+    #: This job's attempt timeout, over its handler's; None: the handler's.
+    timeout: Mapped[timedelta | None]
 
     def __init__(self, **kwargs: Any) -> None:
         if "kind" not in kwargs:
@@ -102,6 +119,19 @@ class Job(_Base):
     @validates("dedupe_key")
     def _validate_dedupe_key(self, key: str, value: str | None) -> str | None:
         return None if value is None else check_dedupe_key(value)
+
+    @validates("timeout")
+    def _validate_timeout(self, key: str, value: timedelta | None) -> timedelta | None:
+        return None if value is None else check_duration(key, value, allow_zero=False)
+
+    @validates("debounce_key")
+    def _validate_debounce_key(self, key: str, value: str | None) -> str | None:
+        if value is not None:
+            raise InvalidJobError(
+                "debounce_key is set by sqlaq.enqueue(session, ..., debounce_key=..., "
+                "debounce=...) only: the ORM's INSERT cannot update the queued twin"
+            )
+        return value
 
     def __repr__(self) -> str:
         return f"Job(id={self.id!r}, kind={self.kind!r}, status={self.status!r})"

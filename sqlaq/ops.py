@@ -21,6 +21,7 @@ connection.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -35,7 +36,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlaq import queries, tracing
 from sqlaq.bounds import clamp_duration
 from sqlaq.drive import AUTOCOMMIT, Copy, Executor, Plan, Savepoint, operation
-from sqlaq.encoding import NewJob, check_duration, check_name
+from sqlaq.encoding import NewJob, check_dedupe_key, check_duration, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
@@ -54,6 +55,7 @@ __all__ = [
     "DEFAULT_PRUNE_BATCH",
     "MAX_ERROR_LENGTH",
     "ClaimedJob",
+    "EnqueueOutcome",
     "EnqueueResult",
     "Executor",
     "LimitedClaim",
@@ -94,6 +96,12 @@ _NIL_LEASE = Lease(0, _NIL, _NIL, 0, datetime.min)
 # Building a claim costs about 1 ms of Python; running the cached one costs nothing more.
 _ENQUEUE = queries.enqueue_stmt(job=NewJob("_"))
 _ENQUEUE_DEDUPE = queries.enqueue_stmt(job=NewJob("_", dedupe_key="_"))
+_ENQUEUE_DEBOUNCE = queries.debounce_enqueue_stmt(
+    job=NewJob("_"), debounce_key="_", debounce=DEFAULT_LEASE
+)
+_ENQUEUE_UNIQUE = queries.unique_enqueue_stmt(
+    job=NewJob("_", dedupe_key="_"), unique_for=DEFAULT_LEASE
+)
 _CLAIM = queries.claim_stmt(queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE)
 _CLAIM_KIND = queries.claim_stmt(queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, kind="_")
 _LOCK_KIND = queries.lock_kind_stmt(kind="_")
@@ -107,17 +115,49 @@ _COMPLETE = queries.complete_stmt(leases=[])
 _FAIL = queries.fail_stmt(lease=_NIL_LEASE, error="", retry_in=None)
 
 
+class EnqueueOutcome(enum.StrEnum):
+    """What an enqueue did (:attr:`EnqueueResult.outcome`)."""
+
+    #: A new job was inserted.
+    INSERTED = "inserted"
+    #: Nothing was inserted: a pending (queued or running) job holds the dedupe key.
+    DUPLICATE = "duplicate"
+    #: Nothing was inserted: the never-started queued job of the debounce key was
+    #: updated (its payload replaced, its ``run_at`` pushed back).
+    DEBOUNCED = "debounced"
+    #: Nothing was inserted: a job took the dedupe key less than ``unique_for`` ago,
+    #: whatever its status now.
+    HELD = "held"
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
     """The outcome of one enqueue.
 
     Attributes:
-        job_id: The new job, or the pending job that already held the dedupe key.
-        duplicate: True when nothing was inserted because of the dedupe key.
+        job_id: The new job; or the job that already held the key: the pending twin
+            (duplicate), the queued job that was updated (debounced), the job that holds
+            the ``unique_for`` key (held; it may since have been pruned).
+        duplicate: True when nothing new was inserted (any outcome but ``INSERTED``):
+            *job_id* is an existing job.
+        outcome: Which of inserted, duplicate, debounced or held
+            (:class:`EnqueueOutcome`). ``EnqueueResult(id, duplicate=True)`` means
+            ``DUPLICATE``.
     """
 
     job_id: int
     duplicate: bool = False
+    outcome: EnqueueOutcome = EnqueueOutcome.INSERTED
+
+    def __post_init__(self) -> None:
+        if self.duplicate and self.outcome is EnqueueOutcome.INSERTED:
+            object.__setattr__(self, "outcome", EnqueueOutcome.DUPLICATE)
+        object.__setattr__(self, "duplicate", self.outcome is not EnqueueOutcome.INSERTED)
+
+    @property
+    def inserted(self) -> bool:
+        """True when a new job was inserted."""
+        return self.outcome is EnqueueOutcome.INSERTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +177,8 @@ class ClaimedJob:
         attempted_at: When this attempt started: the claim's ``now()``.
         headers: What the enqueuer stored with the job: its trace context (JSON object),
             or None.
+        timeout: The job's own attempt timeout (``enqueue(..., timeout=...)``), which
+            the worker uses over its handler's; None: the handler's.
     """
 
     id: int
@@ -150,6 +192,7 @@ class ClaimedJob:
     lease: Lease
     attempted_at: datetime | None = None
     headers: dict[str, Any] | None = None
+    timeout: timedelta | None = None
 
 
 @operation
@@ -163,13 +206,19 @@ def enqueue(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     dedupe_key: str | None = None,
     run_at: datetime | None = None,
+    timeout: timedelta | None = None,
+    unique_for: timedelta | None = None,
+    debounce_key: str | None = None,
+    debounce: timedelta | None = None,
+    max_wait: timedelta | None = None,
 ) -> Plan[EnqueueResult]:
     """Insert one job in the caller's transaction.
 
     The job exists, and workers are woken, only once the caller commits. With a
     *dedupe_key*, enqueueing while a job of the same kind and key is queued or running
     inserts nothing and reports the existing job (``duplicate=True``); no exception is
-    raised and the transaction stays usable.
+    raised and the transaction stays usable. So do *unique_for* and *debounce*, whose
+    outcome :attr:`EnqueueResult.outcome` names.
 
     Args:
         conn: The caller's Connection or Session.
@@ -182,9 +231,24 @@ def enqueue(
         dedupe_key: At most one pending job per ``(kind, dedupe_key)``.
         run_at: Run no sooner than this aware ``datetime`` (instead of *delay*; a naive
             one is refused).
+        timeout: This job's attempt timeout, over its handler's ``timeout=``.
+        unique_for: With *dedupe_key*: no second job of ``(kind, dedupe_key)`` within
+            this long after this one's enqueue, whatever its status by then (done,
+            failed, cancelled included); a refused enqueue is ``HELD`` and reports the
+            holder.
+        debounce_key: With *debounce*: the key whose never-started queued job a later
+            enqueue updates instead of inserting a second one.
+        debounce: Run at ``now() + debounce``; an enqueue of the same ``(kind,
+            debounce_key)`` while the job is still queued and never started replaces its
+            payload (and priority, max_attempts, timeout) and pushes its ``run_at`` to
+            the new ``now() + debounce`` (``DEBOUNCED``). Not with *dedupe_key*,
+            *delay* or *run_at*.
+        max_wait: With *debounce*: the debounced job runs no later than its first
+            enqueue (``created_at``) plus *max_wait*, however often it is pushed back;
+            at least *debounce*. None: no cap.
 
     Returns:
-        The job's id and whether it was a duplicate.
+        The job's id and what happened (:class:`EnqueueResult`).
 
     Raises:
         InvalidJobError: bad input; nothing was written.
@@ -198,12 +262,28 @@ def enqueue(
         max_attempts=max_attempts,
         dedupe_key=dedupe_key,
         run_at=run_at,
+        timeout=timeout,
     )
+    debounced = debounce is not None or debounce_key is not None or max_wait is not None
+    if debounced:
+        _check_debounce(job, debounce_key, debounce, max_wait, unique_for)
+    elif unique_for is not None:
+        check_duration("unique_for", unique_for, allow_zero=False)
+        if job.dedupe_key is None:
+            raise InvalidJobError("unique_for needs a dedupe_key: the key it holds")
     # The enqueuer's trace context (sqlaq[otel]), linked from each attempt's span.
     params = queries.enqueue_params(job, headers=tracing.capture())
+    if debounced:
+        params |= {"b_debounce_key": debounce_key, "b_debounce": debounce, "b_max_wait": max_wait}
+        job_id, updated = (yield _ENQUEUE_DEBOUNCE, params).one()
+        return EnqueueResult(
+            job_id, outcome=EnqueueOutcome.DEBOUNCED if updated else EnqueueOutcome.INSERTED
+        )
     if job.dedupe_key is None:
         inserted = yield _ENQUEUE, params
         return EnqueueResult(inserted.scalar_one())
+    if unique_for is not None:
+        return (yield from _enqueue_unique(job, params, unique_for))
     for _ in range(_DEDUPE_ROUNDS):
         inserted = yield _ENQUEUE_DEDUPE, params
         job_id = inserted.scalar_one_or_none()
@@ -216,6 +296,74 @@ def enqueue(
     raise RuntimeError(  # pragma: no cover - needs a pathological race to reach
         f"could not enqueue {kind!r} with dedupe_key {dedupe_key!r}: its pending twin kept "
         "changing; try again"
+    )
+
+
+def _check_debounce(
+    job: NewJob,
+    key: str | None,
+    debounce: timedelta | None,
+    max_wait: timedelta | None,
+    unique_for: timedelta | None,
+) -> None:
+    if debounce is None:
+        raise InvalidJobError(
+            "debounce_key and max_wait go with debounce=timedelta(...): how long to wait "
+            "for a quieter moment"
+        )
+    check_duration("debounce", debounce, allow_zero=False)
+    if key is None:
+        raise InvalidJobError("debounce needs a debounce_key: which enqueues fold into one job")
+    check_dedupe_key(key, "debounce_key")
+    if max_wait is not None:
+        check_duration("max_wait", max_wait, allow_zero=False)
+        if max_wait < debounce:
+            raise InvalidJobError(
+                f"max_wait ({max_wait}) must be at least debounce ({debounce}): the cap "
+                "cannot come before the first run"
+            )
+    if job.dedupe_key is not None or unique_for is not None:
+        raise InvalidJobError(
+            "debounce does not go with dedupe_key or unique_for: a debounced job is keyed "
+            "by its debounce_key"
+        )
+    if job.delay or job.run_at is not None:
+        raise InvalidJobError("debounce sets run_at (now() + debounce): drop delay and run_at")
+
+
+def _enqueue_unique(
+    job: NewJob, params: dict[str, Any], unique_for: timedelta
+) -> Plan[EnqueueResult]:
+    """The unique_for enqueue (see :func:`sqlaq.queries.unique_enqueue_stmt`)."""
+    kind, key = job.kind, job.dedupe_key
+    assert key is not None
+    params["b_unique_for"] = unique_for
+    for _ in range(_DEDUPE_ROUNDS):
+        taken, inserted = (yield _ENQUEUE_UNIQUE, params).one()
+        if inserted is not None:
+            return EnqueueResult(inserted)
+        if taken is None:  # held: this transaction now waits on nobody for the row
+            holder = yield queries.unique_holder_stmt(kind=kind, key=key), None
+            holder_id = holder.scalar_one_or_none()
+            if holder_id is not None:
+                return EnqueueResult(holder_id, outcome=EnqueueOutcome.HELD)
+            continue  # pragma: no cover - the hold was deleted meanwhile: take it
+        # The hold is ours, but a pending job holds the dedupe key: the hold follows it.
+        for _ in range(_DEDUPE_ROUNDS):
+            find = queries.find_pending_duplicate_stmt(kind=kind, dedupe_key=key)
+            twin = (yield find, None).scalar_one_or_none()
+            result = EnqueueResult(twin, duplicate=True) if twin is not None else None
+            if result is None:  # it finished meanwhile: insert ours after all
+                job_id = (yield _ENQUEUE_DEDUPE, params).scalar_one_or_none()
+                result = EnqueueResult(job_id) if job_id is not None else None
+            if result is not None:
+                retarget = queries.retarget_hold_stmt(
+                    kind=kind, key=key, job_id=result.job_id, unique_for=unique_for
+                )
+                yield retarget, None
+                return result
+    raise RuntimeError(  # pragma: no cover - needs a pathological race to reach
+        f"could not enqueue {kind!r} with dedupe_key {key!r}: its holder kept changing; try again"
     )
 
 
@@ -277,8 +425,8 @@ def enqueue_copy(jobs: Iterable[NewJob]) -> Plan[int]:
         How many jobs were written.
 
     Raises:
-        InvalidJobError: an item is not a :class:`~sqlaq.NewJob`, or has a dedupe key
-            or a delay; nothing was written.
+        InvalidJobError: an item is not a :class:`~sqlaq.NewJob`, or has a dedupe key,
+            a delay or a timeout; nothing was written.
         ConfigError: the connection's driver cannot run COPY here (the message names
             the driver or function to use).
     """
@@ -295,6 +443,11 @@ def enqueue_copy(jobs: Iterable[NewJob]) -> Plan[int]:
             raise InvalidJobError(
                 f"jobs[{index}] has a delay or run_at; COPY writes run_at = now(): "
                 "use sqlaq.enqueue_many for delayed jobs"
+            )
+        if job.timeout is not None:
+            raise InvalidJobError(
+                f"jobs[{index}] has a timeout; COPY writes the handler's: "
+                "use sqlaq.enqueue_many for jobs with their own timeout"
             )
     if not batch:
         return 0
@@ -516,6 +669,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             Lease(job_id, worker_id, token, attempts, run_at),
             run_at - lease,
             headers,
+            timeout,
         )
         for (
             job_id,
@@ -530,6 +684,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             run_at,
             created_at,
             headers,
+            timeout,
         ) in rows
         if status == "running"
     ]

@@ -88,6 +88,7 @@ from sqlaq.schema import (
     paused_queues,
     periodic,
     rates,
+    unique_holds,
     workers,
 )
 
@@ -111,6 +112,7 @@ __all__ = [
     "count_jobs_stmt",
     "count_prunable_stmt",
     "count_referenced_stmt",
+    "debounce_enqueue_stmt",
     "dedupe_twin_stmt",
     "due_queues_stmt",
     "enqueue_copy_stmt",
@@ -149,12 +151,14 @@ __all__ = [
     "periodic_lock_stmt",
     "periodic_slots_stmt",
     "prune_stmt",
+    "prune_unique_holds_stmt",
     "prune_workers_stmt",
     "rate_logs_stmt",
     "record_starts_params",
     "record_starts_stmt",
     "resign_stmt",
     "resume_stmt",
+    "retarget_hold_stmt",
     "retry_stmt",
     "running_by_kind_stmt",
     "running_workers_stmt",
@@ -166,6 +170,8 @@ __all__ = [
     "sweep_stmt",
     "throughput_stmt",
     "try_lead_stmt",
+    "unique_enqueue_stmt",
+    "unique_holder_stmt",
     "wait_percentiles_stmt",
     "watch_job_stmt",
     "workers_stmt",
@@ -187,6 +193,10 @@ _FINISHED = c.status.in_(
     [_status(s) for s in (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED)]
 )
 _DEDUPE = and_(_PENDING, c.dedupe_key.is_not(None))
+# The debounce index's predicate (schema.DEBOUNCE_SQL), literals inlined.
+_DEBOUNCE = and_(
+    c.status == _status(JobStatus.QUEUED), c.attempted_at.is_(None), c.debounce_key.is_not(None)
+)
 _NOW = func.now()
 _IDS = ARRAY(BigInteger)
 _UUIDS = ARRAY(PG_UUID(as_uuid=True))
@@ -205,6 +215,7 @@ CLAIM_COLUMNS = (
     c.run_at,
     c.created_at,
     c.headers,
+    c.timeout,
 )
 
 
@@ -221,6 +232,7 @@ def enqueue_params(job: NewJob, *, headers: str | None = None) -> dict[str, Any]
         "b_dedupe_key": job.dedupe_key,
         "b_headers": headers,
         "b_run_at": job.run_at,
+        "b_timeout": job.timeout,
     }
 
 
@@ -249,12 +261,207 @@ def enqueue_stmt(*, job: NewJob, headers: str | None = None) -> Insert:
         max_attempts=bindparam("b_max_attempts", v["b_max_attempts"], Integer),
         dedupe_key=bindparam("b_dedupe_key", v["b_dedupe_key"], Text),
         headers=cast(bindparam("b_headers", v["b_headers"], Text), JSONB),
+        timeout=bindparam("b_timeout", v["b_timeout"], Interval),
     )
     if job.dedupe_key is not None:
         stmt = stmt.on_conflict_do_nothing(
             index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE
         )
     return stmt.returning(c.id)
+
+
+def debounce_enqueue_stmt(
+    *,
+    job: NewJob,
+    debounce_key: str,
+    debounce: timedelta,
+    max_wait: timedelta | None = None,
+    headers: str | None = None,
+) -> Insert:
+    """Insert a debounced job, or push back the queued one of ``(kind, debounce_key)``.
+
+    Bind values: :func:`enqueue_params` and ``b_debounce_key``, ``b_debounce``,
+    ``b_max_wait`` (None: no cap). Renders::
+
+        INSERT INTO sqlaq_jobs (..., run_at, debounce_key, ...)
+        VALUES (..., now() + :b_debounce, :b_debounce_key, ...)
+        ON CONFLICT (kind, debounce_key)
+            WHERE status = 'queued' AND attempted_at IS NULL AND debounce_key IS NOT NULL
+        DO UPDATE SET payload = excluded.payload, priority = excluded.priority,
+            max_attempts = excluded.max_attempts, timeout = excluded.timeout,
+            headers = excluded.headers,
+            run_at = least(now() + :b_debounce, sqlaq_jobs.created_at + :b_max_wait)
+        RETURNING id, xmax::text <> '0' AS debounced
+
+    One statement, so racing enqueuers serialize on the queued row (or on the
+    speculative insertion of the first) and none of them fails: each one either inserts
+    the job or updates it. ``least`` ignores a NULL ``b_max_wait``. A job that has
+    started (``attempted_at`` set) is not in the arbiter index: a new enqueue then
+    inserts a new job. ``debounced`` is true when an existing job was updated (its row
+    is locked by this transaction: ``xmax`` is set; a fresh insert has none).
+    """
+    v = enqueue_params(job, headers=headers)
+    delay = _NOW + bindparam("b_debounce", debounce, Interval)
+    stmt = insert(jobs).values(
+        queue=bindparam("b_queue", v["b_queue"], Text),
+        kind=bindparam("b_kind", v["b_kind"], Text),
+        payload=cast(bindparam("b_payload", v["b_payload"], Text), JSONB),
+        priority=bindparam("b_priority", v["b_priority"], SmallInteger),
+        run_at=delay,
+        max_attempts=bindparam("b_max_attempts", v["b_max_attempts"], Integer),
+        debounce_key=bindparam("b_debounce_key", debounce_key, Text),
+        headers=cast(bindparam("b_headers", v["b_headers"], Text), JSONB),
+        timeout=bindparam("b_timeout", v["b_timeout"], Interval),
+    )
+    excluded = stmt.excluded
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[c.kind, c.debounce_key],
+        index_where=_DEBOUNCE,
+        set_={
+            "payload": excluded.payload,
+            "priority": excluded.priority,
+            "max_attempts": excluded.max_attempts,
+            "timeout": excluded.timeout,
+            "headers": excluded.headers,
+            "run_at": func.least(
+                # Cast: a NULL (no cap) must still be an interval to add.
+                delay,
+                c.created_at + cast(bindparam("b_max_wait", max_wait, Interval), Interval),
+            ),
+        },
+    )
+    return stmt.returning(c.id, literal_column("xmax::text <> '0'", Boolean).label("debounced"))
+
+
+def unique_enqueue_stmt(*, job: NewJob, unique_for: timedelta, headers: str | None = None) -> Any:
+    """Insert a job with a ``dedupe_key`` unless the key is held: taken by a job enqueued
+    less than ``unique_for`` ago, whatever became of it.
+
+    Bind values: :func:`enqueue_params` and ``b_unique_for``. Renders::
+
+        WITH hold AS (
+            INSERT INTO sqlaq_unique_holds (kind, key, job_id, expires_at)
+            VALUES (:b_kind, :b_dedupe_key, nextval(<the jobs' id sequence>),
+                    now() + :b_unique_for)
+            ON CONFLICT (kind, key) DO UPDATE SET job_id = excluded.job_id,
+                expires_at = excluded.expires_at
+                WHERE sqlaq_unique_holds.expires_at <= now()
+            RETURNING job_id),
+        inserted AS (
+            INSERT INTO sqlaq_jobs (id, ...) SELECT hold.job_id, ... FROM hold
+            ON CONFLICT (kind, dedupe_key) WHERE <pending> DO NOTHING RETURNING id)
+        SELECT (SELECT job_id FROM hold) AS taken, (SELECT id FROM inserted) AS inserted
+
+    One row always: ``taken`` is NULL when the key is held (then
+    :func:`unique_holder_stmt` names the holder), ``inserted`` is NULL when the hold was
+    taken but a pending job holds the dedupe key (then :func:`retarget_hold_stmt`
+    points the hold at it). Racing enqueuers serialize on the hold's row, so exactly one
+    takes it; the others wait for its commit and find it held.
+    """
+    v = enqueue_params(job, headers=headers)
+    kind = bindparam("b_kind", v["b_kind"], Text)
+    key = bindparam("b_dedupe_key", v["b_dedupe_key"], Text)
+    sequence = func.pg_get_serial_sequence(
+        literal_column(f"'{jobs.fullname}'"), literal_column("'id'")
+    )
+    next_id = func.nextval(sequence)
+    take = insert(unique_holds).values(
+        kind=kind,
+        key=key,
+        job_id=next_id,
+        expires_at=_NOW + bindparam("b_unique_for", unique_for, Interval),
+    )
+    hold = (
+        take.on_conflict_do_update(
+            index_elements=[unique_holds.c.kind, unique_holds.c.key],
+            set_={"job_id": take.excluded.job_id, "expires_at": take.excluded.expires_at},
+            where=unique_holds.c.expires_at <= _NOW,
+        )
+        .returning(unique_holds.c.job_id)
+        .cte("hold")
+    )
+    source = select(
+        hold.c.job_id,
+        bindparam("b_queue", v["b_queue"], Text),
+        kind,
+        cast(bindparam("b_payload", v["b_payload"], Text), JSONB),
+        bindparam("b_priority", v["b_priority"], SmallInteger),
+        func.coalesce(
+            bindparam("b_run_at", v["b_run_at"], TIMESTAMP(timezone=True)),
+            _NOW + bindparam("b_delay", v["b_delay"], Interval),
+        ),
+        bindparam("b_max_attempts", v["b_max_attempts"], Integer),
+        key,
+        cast(bindparam("b_headers", v["b_headers"], Text), JSONB),
+        cast(bindparam("b_timeout", v["b_timeout"], Interval), Interval),
+    )
+    columns = [
+        "id",
+        "queue",
+        "kind",
+        "payload",
+        "priority",
+        "run_at",
+        "max_attempts",
+        "dedupe_key",
+        "headers",
+        "timeout",
+    ]
+    inserted = (
+        insert(jobs)
+        .from_select(columns, source)
+        .on_conflict_do_nothing(index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE)
+        .returning(c.id)
+        .cte("inserted")
+    )
+    return select(
+        select(hold.c.job_id).scalar_subquery().label("taken"),
+        select(inserted.c.id).scalar_subquery().label("inserted"),
+    )
+
+
+def unique_holder_stmt(*, kind: str, key: str) -> Select[Any]:
+    """``SELECT job_id FROM sqlaq_unique_holds WHERE kind = :b_kind AND key = :b_key``:
+    the job that holds a ``unique_for`` key."""
+    h = unique_holds.c
+    return select(h.job_id).where(
+        h.kind == bindparam("b_kind", kind, Text), h.key == bindparam("b_key", key, Text)
+    )
+
+
+def retarget_hold_stmt(*, kind: str, key: str, job_id: int, unique_for: timedelta) -> Update:
+    """Point the hold of ``(kind, key)`` at *job_id* (the pending job that held the
+    dedupe key when the hold was taken, or the job inserted after it), held until that
+    job's ``created_at + unique_for``."""
+    h = unique_holds.c
+    target = bindparam("b_job_id", job_id, BigInteger)
+    created = select(c.created_at).where(c.id == target).scalar_subquery()
+    return (
+        update(unique_holds)
+        .where(h.kind == bindparam("b_kind", kind, Text), h.key == bindparam("b_key", key, Text))
+        .values(
+            job_id=target,
+            expires_at=func.coalesce(created, _NOW)
+            + bindparam("b_unique_for", unique_for, Interval),
+        )
+    )
+
+
+def prune_unique_holds_stmt(*, limit: int) -> ReturningDelete[Any]:
+    """Delete up to *limit* expired ``unique_for`` holds (the leader's upkeep)::
+
+    DELETE FROM sqlaq_unique_holds WHERE (kind, key) IN (SELECT kind, key
+        FROM sqlaq_unique_holds WHERE expires_at <= now() LIMIT :b_limit
+        FOR UPDATE SKIP LOCKED) RETURNING kind
+    """
+    h = unique_holds.c
+    expired = (
+        select(h.kind, h.key)
+        .where(h.expires_at <= _NOW)
+        .limit(bindparam("b_limit", limit, Integer))
+        .with_for_update(skip_locked=True)
+    )
+    return delete(unique_holds).where(tuple_(h.kind, h.key).in_(expired)).returning(h.kind)
 
 
 def find_pending_duplicate_stmt(*, kind: str, dedupe_key: str) -> Any:
@@ -274,7 +481,7 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
     """Insert many jobs in one statement; ``RETURNING id, kind, dedupe_key``.
 
     Renders ``INSERT INTO sqlaq_jobs (...) SELECT ... FROM unnest(:b_queues, ...) WITH
-    ORDINALITY ORDER BY ordinality ON CONFLICT ... DO NOTHING``: eight array parameters
+    ORDINALITY ORDER BY ordinality ON CONFLICT ... DO NOTHING``: nine array parameters
     whatever the number of jobs, so the statement is prepared once. Identity values are
     drawn in ``ORDER BY`` order, so sorting the returned rows by id gives the inserted
     jobs in input order; a job skipped as a duplicate returns no row. *headers* (JSON
@@ -289,6 +496,7 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
         "b_max_attempts": ([j.max_attempts for j in jobs_], ARRAY(Integer)),
         "b_dedupe_keys": ([j.dedupe_key for j in jobs_], ARRAY(Text)),
         "b_run_ats": ([j.run_at for j in jobs_], ARRAY(TIMESTAMP(timezone=True))),
+        "b_timeouts": ([j.timeout for j in jobs_], ARRAY(Interval)),
     }
     rows = (
         func.unnest(*(bindparam(name, value, type_) for name, (value, type_) in arrays.items()))
@@ -301,6 +509,7 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
             "max_attempts",
             "dedupe_key",
             "run_at",
+            "timeout",
             with_ordinality="ordinality",
         )
         .render_derived(name="new_jobs")
@@ -314,9 +523,10 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
         rows.c.max_attempts,
         rows.c.dedupe_key,
         cast(bindparam("b_headers", headers, Text), JSONB),
+        rows.c.timeout,
     ).order_by(rows.c.ordinality)
     columns = ["queue", "kind", "payload", "priority", "run_at", "max_attempts", "dedupe_key"]
-    stmt = insert(jobs).from_select([*columns, "headers"], source)
+    stmt = insert(jobs).from_select([*columns, "headers", "timeout"], source)
     stmt = stmt.on_conflict_do_nothing(index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE)
     return stmt.returning(c.id, c.kind, c.dedupe_key)
 
@@ -813,7 +1023,8 @@ def retry_stmt(*, job_ids: Collection[int]) -> Update:
     finished_at = NULL WHERE id = ANY(:b_ids) AND status IN ('failed', 'cancelled') AND
     NOT EXISTS (<a pending job with the same kind and dedupe_key>) RETURNING id``.
     ``last_error`` is kept as history. A job whose dedupe key is held by another pending
-    job is left alone (retrying it would break the at-most-one-pending rule).
+    job is left alone (retrying it would break the at-most-one-pending rule), and so is a
+    never-started job whose debounce key another never-started queued job holds.
     """
     twin = jobs.alias("twin")
     return (
@@ -825,6 +1036,14 @@ def retry_stmt(*, job_ids: Collection[int]) -> Update:
                 twin.c.kind == c.kind,
                 twin.c.dedupe_key == c.dedupe_key,
                 twin.c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)]),
+                twin.c.id != c.id,
+            ),
+            ~exists().where(
+                twin.c.kind == c.kind,
+                twin.c.debounce_key == c.debounce_key,
+                twin.c.status == _status(JobStatus.QUEUED),
+                twin.c.attempted_at.is_(None),
+                c.attempted_at.is_(None),
                 twin.c.id != c.id,
             ),
         )
@@ -1986,9 +2205,10 @@ def travel_stmts(*, by: timedelta) -> list[Update]:
     """Move every stored time of the queue *by* into the past: for tests, the same as
     the database clock moving forward (``sqlaq.testing.travel``).
 
-    Renders three UPDATEs: on ``sqlaq_jobs`` (``run_at``, ``created_at``,
-    ``attempted_at``, ``finished_at``), on ``sqlaq_rates`` (each logged start), and on
-    ``sqlaq_periodic`` (``last_slot``, ``updated_at``).
+    Renders four UPDATEs: on ``sqlaq_jobs`` (``run_at``, ``created_at``,
+    ``attempted_at``, ``finished_at``), on ``sqlaq_rates`` (each logged start), on
+    ``sqlaq_periodic`` (``last_slot``, ``updated_at``), and on ``sqlaq_unique_holds``
+    (``expires_at``).
     """
     shift = bindparam("b_by", by, Interval)
     start = func.unnest(rates.c.starts).table_valued("s").render_derived(name="start")
@@ -2004,4 +2224,5 @@ def travel_stmts(*, by: timedelta) -> list[Update]:
         update(periodic).values(
             last_slot=periodic.c.last_slot - shift, updated_at=periodic.c.updated_at - shift
         ),
+        update(unique_holds).values(expires_at=unique_holds.c.expires_at - shift),
     ]

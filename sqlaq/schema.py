@@ -26,6 +26,15 @@ Design decisions written down here:
   claim, before the claim index is read); each worker keeps a heartbeat row in
   ``sqlaq_workers``; ``headers`` carries what the enqueuer sends beside the payload
   (the trace context).
+* Debounce and unique_for (sqlaq_0005): a debounced job keeps its key in
+  ``debounce_key``, unique over never-started queued jobs (``status = 'queued' AND
+  attempted_at IS NULL``): the arbiter of enqueue's ``ON CONFLICT ... DO UPDATE``. Not
+  ``dedupe_key``, whose index covers running jobs too (a running holder would make the
+  upsert update a job that already read its payload), and not every queued job: a
+  started job that goes back to queued (a retry, a snooze) must not collide with the
+  new one enqueued meanwhile. ``sqlaq_unique_holds`` holds a ``(kind, dedupe_key)``
+  until ``expires_at`` whatever becomes of its job (a unique index cannot express a
+  window); ``timeout`` is a job's own attempt timeout, over its handler's.
 * Status literals in predicates are inlined, never bound: a prepared ``ON CONFLICT ...
   WHERE status IN ($1, $2)`` stops matching the partial index once PostgreSQL switches
   to a generic plan.
@@ -43,6 +52,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    Interval,
     MetaData,
     SmallInteger,
     Table,
@@ -62,6 +72,8 @@ RATES_TABLE = "sqlaq_rates"
 PERIODIC_TABLE = "sqlaq_periodic"
 PAUSED_TABLE = "sqlaq_paused_queues"
 WORKERS_TABLE = "sqlaq_workers"
+UNIQUE_HOLDS_TABLE = "sqlaq_unique_holds"
+DEBOUNCE_INDEX = "sqlaq_jobs_debounce_idx"
 #: The NOTIFY channel :func:`sqlaq.cancel` signals, with the id of a running job it
 #: cancelled as payload, so the worker running it is told at once.
 CANCEL_CHANNEL = "sqlaq_cancel"
@@ -89,6 +101,8 @@ PENDING_SQL = "status IN ('queued', 'running')"
 FINISHED_SQL = "status IN ('done', 'failed', 'cancelled')"
 RUNNING_SQL = "status = 'running'"
 DEDUPE_SQL = f"{PENDING_SQL} AND dedupe_key IS NOT NULL"
+#: Never-started queued jobs with a debounce key: what a debounced enqueue may update.
+DEBOUNCE_SQL = "status = 'queued' AND attempted_at IS NULL AND debounce_key IS NOT NULL"
 
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 5
@@ -160,6 +174,10 @@ jobs = Table(
     Column("awaited", Boolean, nullable=False, server_default=text("false")),
     # What the enqueuer sent beside the payload: the trace context (sqlaq.tracing).
     Column("headers", JSONB),
+    # A debounced job's key (sqlaq_0005): see DEBOUNCE_SQL.
+    Column("debounce_key", Text),
+    # The job's own attempt timeout, over its handler's (NULL: the handler's).
+    Column("timeout", Interval),
     CheckConstraint(
         "status IN ('queued', 'running', 'done', 'failed', 'cancelled')", name="status"
     ),
@@ -181,6 +199,13 @@ jobs = Table(
     ),
     Index(FINISHED_INDEX, "finished_at", postgresql_where=text(FINISHED_SQL)),
     Index(RUNNING_INDEX, "kind", "run_at", postgresql_where=text(RUNNING_SQL)),
+    Index(
+        DEBOUNCE_INDEX,
+        "kind",
+        "debounce_key",
+        unique=True,
+        postgresql_where=text(DEBOUNCE_SQL),
+    ),
 )
 
 #: The recent starts of each rate-limited kind (a sliding-window log, at most the rate's
@@ -226,4 +251,15 @@ workers = Table(
     Column("concurrency", Integer, nullable=False),
     Column("started_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
     Column("last_seen_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+#: unique_for (see :func:`sqlaq.enqueue`): a row per ``(kind, dedupe_key)`` that no second
+#: job may take until ``expires_at``, whatever the status of its job (``job_id``).
+unique_holds = Table(
+    UNIQUE_HOLDS_TABLE,
+    metadata,
+    Column("kind", Text, primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("job_id", BigInteger, nullable=False),
+    Column("expires_at", TIMESTAMP(timezone=True), nullable=False, index=True),
 )

@@ -160,8 +160,9 @@ def conn(engine: Engine) -> Iterator[Connection]:
             trans.rollback()
 
 
-#: Empties every table of sqlaq's (the queue, the rate logs, the periodic slots).
-TRUNCATE = "TRUNCATE sqlaq_jobs, sqlaq_rates, sqlaq_periodic"
+#: Empties every table of sqlaq's (the queue, the rate logs, the periodic slots, the
+#: unique_for holds).
+TRUNCATE = "TRUNCATE sqlaq_jobs, sqlaq_rates, sqlaq_periodic, sqlaq_unique_holds"
 
 
 @pytest.fixture

@@ -126,6 +126,7 @@ def test_a_role_with_the_privileges_the_worker_needs_runs_it(
             "sqlaq_periodic": "SELECT, INSERT, UPDATE",
             "sqlaq_paused_queues": "SELECT",
             "sqlaq_workers": "SELECT, INSERT, UPDATE, DELETE",
+            "sqlaq_unique_holds": "SELECT, INSERT, UPDATE, DELETE",
         },
     )
     with committed.begin() as conn:

@@ -67,6 +67,7 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_class", "sqlaq_jobs_dedupe_idx"),
         ("pg_class", "sqlaq_jobs_finished_idx"),
         ("pg_class", "sqlaq_jobs_running_idx"),
+        ("pg_class", "sqlaq_jobs_debounce_idx"),
         ("pg_class", "sqlaq_rates"),
         ("pg_class", "sqlaq_rates_pkey"),
         ("pg_class", "sqlaq_periodic"),
@@ -75,10 +76,14 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_class", "sqlaq_paused_queues_pkey"),
         ("pg_class", "sqlaq_workers"),
         ("pg_class", "sqlaq_workers_pkey"),
+        ("pg_class", "sqlaq_unique_holds"),
+        ("pg_class", "sqlaq_unique_holds_pkey"),
+        ("pg_class", "sqlaq_unique_holds_expires_at_idx"),
         ("pg_constraint", "sqlaq_rates_pkey"),
         ("pg_constraint", "sqlaq_periodic_pkey"),
         ("pg_constraint", "sqlaq_paused_queues_pkey"),
         ("pg_constraint", "sqlaq_workers_pkey"),
+        ("pg_constraint", "sqlaq_unique_holds_pkey"),
         ("pg_constraint", "sqlaq_jobs_pkey"),
         ("pg_constraint", "sqlaq_jobs_status_check"),
         ("pg_constraint", "sqlaq_jobs_max_attempts_check"),
@@ -97,6 +102,8 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_type", "_sqlaq_paused_queues"),
         ("pg_type", "sqlaq_workers"),
         ("pg_type", "_sqlaq_workers"),
+        ("pg_type", "sqlaq_unique_holds"),
+        ("pg_type", "_sqlaq_unique_holds"),
     }
 )
 # NOT NULL constraints are left out (contype 'n'): PostgreSQL 18 lists them in
@@ -135,6 +142,11 @@ EXPECTED_INDEXES = {
         "CREATE INDEX sqlaq_jobs_finished_idx ON public.sqlaq_jobs USING btree "
         "(finished_at) "
         "WHERE (status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]))"
+    ),
+    "sqlaq_jobs_debounce_idx": (
+        "CREATE UNIQUE INDEX sqlaq_jobs_debounce_idx ON public.sqlaq_jobs USING btree "
+        "(kind, debounce_key) WHERE ((status = 'queued'::text) AND (attempted_at IS NULL) "
+        "AND (debounce_key IS NOT NULL))"
     ),
     "sqlaq_jobs_running_idx": (
         "CREATE INDEX sqlaq_jobs_running_idx ON public.sqlaq_jobs USING btree "
@@ -566,10 +578,10 @@ def test_operators_revision_rewrites_nothing_and_walks_back_to_0003(fresh_url: s
         file_before = conn.execute(relfilenode).scalar_one()
         conn.commit()
 
-        sqlaq.migrations.upgrade(conn)
-        assert sqlaq.migrations.check(conn) == "sqlaq_0004"
+        sqlaq.migrations.upgrade(conn, "sqlaq_0004")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0004"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | OPERATOR_OBJECTS == SQLAQ_OBJECTS
+        assert _objects(conn) == before | OPERATOR_OBJECTS == SQLAQ_OBJECTS - DEBOUNCE_OBJECTS
         assert _columns(conn) == [*columns_before, "headers"]
         headers = conn.execute(text("SELECT DISTINCT headers FROM sqlaq_jobs")).all()
         assert [tuple(row) for row in headers] == [(None,)]
@@ -577,6 +589,51 @@ def test_operators_revision_rewrites_nothing_and_walks_back_to_0003(fresh_url: s
 
         sqlaq.migrations.downgrade(conn, "sqlaq_0003")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0003"
+        assert _objects(conn) == before
+        assert _columns(conn) == columns_before
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
+        conn.commit()
+
+
+#: What sqlaq_0005 adds to sqlaq_0004's objects: the holds table and the debounce index.
+DEBOUNCE_OBJECTS = frozenset(
+    {
+        ("pg_class", "sqlaq_jobs_debounce_idx"),
+        ("pg_class", "sqlaq_unique_holds"),
+        ("pg_class", "sqlaq_unique_holds_pkey"),
+        ("pg_class", "sqlaq_unique_holds_expires_at_idx"),
+        ("pg_constraint", "sqlaq_unique_holds_pkey"),
+        ("pg_type", "sqlaq_unique_holds"),
+        ("pg_type", "_sqlaq_unique_holds"),
+    }
+)
+
+
+def test_debounce_revision_rewrites_nothing_and_walks_back_to_0004(fresh_url: str) -> None:
+    """sqlaq_0005 on a table with rows keeps its file (``debounce_key`` and ``timeout``
+    are nullable without a default), adds the holds table and the debounce index, and a
+    downgrade to sqlaq_0004 removes exactly what it added."""
+    relfilenode = text("SELECT relfilenode FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
+    with _connect(fresh_url) as conn:
+        sqlaq.migrations.upgrade(conn, "sqlaq_0004")
+        conn.execute(text("INSERT INTO sqlaq_jobs (kind) SELECT 'k' FROM generate_series(1, 100)"))
+        conn.commit()
+        before = _objects(conn)
+        columns_before = _columns(conn)
+        file_before = conn.execute(relfilenode).scalar_one()
+        conn.commit()
+
+        sqlaq.migrations.upgrade(conn)
+        assert sqlaq.migrations.check(conn, deep=True) == "sqlaq_0005"
+        assert conn.execute(relfilenode).scalar_one() == file_before
+        assert _objects(conn) == before | DEBOUNCE_OBJECTS == SQLAQ_OBJECTS
+        assert _columns(conn) == [*columns_before, "debounce_key", "timeout"]
+        added = conn.execute(text("SELECT DISTINCT debounce_key, timeout FROM sqlaq_jobs")).all()
+        assert [tuple(row) for row in added] == [(None, None)]
+        conn.commit()
+
+        sqlaq.migrations.downgrade(conn, "sqlaq_0004")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0004"
         assert _objects(conn) == before
         assert _columns(conn) == columns_before
         assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100

@@ -30,6 +30,7 @@ from sqlaq.migrations.drift import Difference, SchemaDriftError, differences
 from sqlaq.queries import has_schema_revision_stmt, schema_revision_stmt
 from sqlaq.schema import (
     CLAIM_INDEX,
+    DEBOUNCE_INDEX,
     DEDUPE_INDEX,
     FINISHED_INDEX,
     PAUSED_TABLE,
@@ -37,6 +38,7 @@ from sqlaq.schema import (
     RATES_TABLE,
     RUNNING_INDEX,
     TABLE_NAME,
+    UNIQUE_HOLDS_TABLE,
     VERSION_TABLE,
     WORKERS_TABLE,
 )
@@ -67,7 +69,7 @@ __all__ = [
 
 #: The newest shipped revision: what this sqlaq needs. A test pins it to the head of the
 #: revision files, so it cannot drift from them.
-HEAD = "sqlaq_0004"
+HEAD = "sqlaq_0005"
 #: The branch label of sqlaq's revisions: ``alembic downgrade sqlaq@base``.
 BRANCH = "sqlaq"
 #: For a host's ``version_locations`` (needs ``path_separator = space`` or similar).
@@ -76,9 +78,17 @@ VERSION_LOCATION = "sqlaq:migrations/versions"
 SCRIPT_LOCATION = "sqlaq:migrations"
 
 _OWN_TABLES = frozenset(
-    {TABLE_NAME, RATES_TABLE, PERIODIC_TABLE, PAUSED_TABLE, WORKERS_TABLE, VERSION_TABLE}
+    {
+        TABLE_NAME,
+        RATES_TABLE,
+        PERIODIC_TABLE,
+        PAUSED_TABLE,
+        WORKERS_TABLE,
+        UNIQUE_HOLDS_TABLE,
+        VERSION_TABLE,
+    }
 )
-_OWN_INDEXES = frozenset({CLAIM_INDEX, DEDUPE_INDEX, FINISHED_INDEX, RUNNING_INDEX})
+_OWN_INDEXES = frozenset({CLAIM_INDEX, DEDUPE_INDEX, FINISHED_INDEX, RUNNING_INDEX, DEBOUNCE_INDEX})
 
 
 def include_name(name: str | None, type_: str, parent_names: Mapping[str, Any]) -> bool:
@@ -109,7 +119,7 @@ def standalone_config(url: str | None = None, *, connection: Connection | None =
 
 
 def head_revision() -> str:
-    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0004"`` (:data:`HEAD`)."""
+    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0005"`` (:data:`HEAD`)."""
     return HEAD
 
 

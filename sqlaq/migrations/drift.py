@@ -37,6 +37,7 @@ from sqlaq.schema import (
     RATES_TABLE,
     STORAGE_PARAMETERS,
     TABLE_NAME,
+    UNIQUE_HOLDS_TABLE,
     WORKERS_TABLE,
 )
 
@@ -53,7 +54,14 @@ __all__ = [
 ]
 
 #: The tables of the head revision (the version table is Alembic's, not compared).
-EXPECTED_TABLES = (TABLE_NAME, RATES_TABLE, PERIODIC_TABLE, PAUSED_TABLE, WORKERS_TABLE)
+EXPECTED_TABLES = (
+    TABLE_NAME,
+    RATES_TABLE,
+    PERIODIC_TABLE,
+    PAUSED_TABLE,
+    WORKERS_TABLE,
+    UNIQUE_HOLDS_TABLE,
+)
 
 _PENDING = "(status = ANY (ARRAY['queued'::text, 'running'::text]))"
 _FINISHED = "(status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]))"
@@ -80,6 +88,17 @@ EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
         "CREATE INDEX sqlaq_jobs_running_idx ON sqlaq_jobs USING btree (kind, run_at) "
         "WHERE (status = 'running'::text)",
     ),
+    "sqlaq_jobs_debounce_idx": (
+        TABLE_NAME,
+        "CREATE UNIQUE INDEX sqlaq_jobs_debounce_idx ON sqlaq_jobs USING btree "
+        "(kind, debounce_key) WHERE ((status = 'queued'::text) AND (attempted_at IS NULL) "
+        "AND (debounce_key IS NOT NULL))",
+    ),
+    "sqlaq_unique_holds_expires_at_idx": (
+        UNIQUE_HOLDS_TABLE,
+        "CREATE INDEX sqlaq_unique_holds_expires_at_idx ON sqlaq_unique_holds USING btree "
+        "(expires_at)",
+    ),
 }
 
 #: Constraint name -> (table, definition); NOT NULL constraints are the columns'.
@@ -95,6 +114,7 @@ EXPECTED_CONSTRAINTS: Mapping[str, tuple[str, str]] = {
     "sqlaq_periodic_pkey": (PERIODIC_TABLE, "PRIMARY KEY (name)"),
     "sqlaq_paused_queues_pkey": (PAUSED_TABLE, "PRIMARY KEY (queue)"),
     "sqlaq_workers_pkey": (WORKERS_TABLE, "PRIMARY KEY (worker_id)"),
+    "sqlaq_unique_holds_pkey": (UNIQUE_HOLDS_TABLE, "PRIMARY KEY (kind, key)"),
 }
 
 #: Trigger name -> (table, definition).

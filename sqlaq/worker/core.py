@@ -337,7 +337,7 @@ class Worker:
         stays taken until the thread returns, and what it returns then is dropped."""
         if self._leases.verdict(run) is not None or run.handler is None:
             return  # its lease is gone already: nothing to write
-        timeout = run.handler.timeout or timedelta(0)
+        timeout = run.timeout or timedelta(0)
         outcome = decide(run.handler, run.job, timed_out(timeout))
         if outcome.verdict is Verdict.RETRY:
             delay = max(outcome.delay or timedelta(0), run.context.lease_length)

@@ -78,6 +78,15 @@ class Run:
         return cls(job, handler, JobContext.for_job(job, lease_length, renew))
 
     @property
+    def timeout(self) -> timedelta | None:
+        """How long this attempt may run: the job's own timeout (``enqueue(...,
+        timeout=...)``) over its handler's; None for no limit. The one place the
+        effective timeout is decided."""
+        if self.job.timeout is not None:
+            return self.job.timeout
+        return self.handler.timeout if self.handler is not None else None
+
+    @property
     def token(self) -> UUID:
         """The claim's lease token: this run's identity."""
         return self.job.lease.token

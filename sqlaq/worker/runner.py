@@ -208,8 +208,8 @@ class Runner:
         span = tracing.span_for(run)  # None without sqlaq[otel]
         if run.context.cancelled:  # cancelled while it waited: never started
             finished = Finished(run, CANCELLED, 0.0)
-        elif run.handler is not None and run.handler.timeout is not None:
-            finished = self._run_with_deadline(run, run.handler.timeout)
+        elif run.handler is not None and run.timeout is not None:
+            finished = self._run_with_deadline(run, run.timeout)
         elif run.handler is not None and run.handler.transaction:
             finished = transaction.run_sync(run, self._session_factory())
         else:
@@ -331,7 +331,7 @@ class Runner:
         try:
             if run.handler is not None:
                 call = cast(Awaitable[object], run.handler.func(run.job.payload))
-                returned = await bounded(call, run.handler.timeout)
+                returned = await bounded(call, run.timeout)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

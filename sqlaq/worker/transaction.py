@@ -129,8 +129,7 @@ async def run_async(run: Run, sessions: AsyncSessionFactory) -> Finished:
     try:
         async with sessions() as session, session.begin():
             context._set_session(session)
-            timeout = run.handler.timeout if run.handler else None
-            returned = await bounded(cast(Any, _call(run, session)), timeout)
+            returned = await bounded(cast(Any, _call(run, session)), run.timeout)
             outcome = _judge(run, returned)
             if not await session.run_sync(complete_in, run, outcome):
                 raise _LeaseGone
