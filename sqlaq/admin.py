@@ -169,6 +169,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="run no sooner than this ISO 8601 time with its zone (2030-01-01T09:00+02:00, "
         "or ...Z); instead of --delay",
     )
+    positive = Duration(minimum=timedelta(milliseconds=1))
+    p.add_argument(
+        "--timeout",
+        type=typed(positive, "--timeout"),
+        help="this job's attempt timeout, over its handler's (30s, 5m)",
+    )
+    p.add_argument(
+        "--unique-for",
+        type=typed(positive, "--unique-for"),
+        help="with --dedupe-key: no second job of the kind and key for this long after "
+        "this one, whatever its status (1h, 1d)",
+    )
+    p.add_argument(
+        "--debounce-key",
+        type=typed(Text(), "--debounce-key"),
+        help="with --debounce: the key whose queued job a later enqueue updates",
+    )
+    p.add_argument(
+        "--debounce",
+        type=typed(positive, "--debounce"),
+        help="run at now + this; an enqueue of the same kind and --debounce-key while the "
+        "job is still queued replaces its payload and pushes it back again",
+    )
+    p.add_argument(
+        "--max-wait",
+        type=typed(positive, "--max-wait"),
+        help="with --debounce: run no later than this after the first enqueue",
+    )
 
     p = sub.add_parser("pause", parents=[common], help="stop every worker claiming from a queue")
     p.add_argument("queue", type=typed(Text(), "QUEUE"), metavar="QUEUE")
@@ -579,6 +607,14 @@ def _aware_time(text: str) -> datetime:
     return value
 
 
+_ENQUEUED_NOTES = {
+    ops.EnqueueOutcome.INSERTED: "",
+    ops.EnqueueOutcome.DUPLICATE: " (duplicate of a pending job)",
+    ops.EnqueueOutcome.DEBOUNCED: " (debounced: the queued job was updated)",
+    ops.EnqueueOutcome.HELD: " (held: enqueued within --unique-for)",
+}
+
+
 def _enqueue(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     with engine.begin() as conn:
         result = ops.enqueue(
@@ -591,8 +627,13 @@ def _enqueue(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
             max_attempts=args.max_attempts,
             dedupe_key=args.dedupe_key,
             run_at=args.run_at,
+            timeout=args.timeout,
+            unique_for=args.unique_for,
+            debounce_key=args.debounce_key,
+            debounce=args.debounce,
+            max_wait=args.max_wait,
         )
-    note = " (duplicate of a pending job)" if result.duplicate else ""
+    note = _ENQUEUED_NOTES[result.outcome]
     print(f"job {result.job_id}{note}", file=out)
     return 0
 
