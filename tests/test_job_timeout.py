@@ -34,7 +34,7 @@ def test_the_orm_job_takes_a_timeout(conn: Connection) -> None:
         session.flush()
         with pytest.raises(sqlaq.InvalidJobError, match="timeout must be more than zero"):
             sqlaq.Job(kind="k", timeout=timedelta(0))
-        with pytest.raises(sqlaq.InvalidJobError, match="debounce_key is set by sqlaq.enqueue"):
+        with pytest.raises(sqlaq.InvalidJobError, match=r"debounce_key is set by sqlaq\.enqueue"):
             sqlaq.Job(kind="k", debounce_key="x")
         session.commit()  # releases the savepoint; the test's transaction goes on
     assert conn.execute(text("SELECT timeout FROM sqlaq_jobs")).scalar_one() == timedelta(seconds=3)

@@ -56,7 +56,8 @@ def test_a_second_enqueue_within_the_period_is_held_whatever_the_first_became(
     assert conn.execute(text(status_now), {"i": first.job_id}).scalar_one() == status
     second = sqlaq.enqueue(conn, "report", {"n": 2}, dedupe_key="day-1", unique_for=HOUR)
     assert second == sqlaq.EnqueueResult(first.job_id, outcome=EnqueueOutcome.HELD)
-    assert second.duplicate and not second.inserted
+    assert second.duplicate
+    assert not second.inserted
     _usable(conn)
     assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 1
     # Another key, or another kind, is not held.
@@ -69,7 +70,8 @@ def test_after_the_period_a_new_job_is_inserted_and_holds_the_key(conn: Connecti
     _finish(conn, first.job_id, "done")
     travel(conn, HOUR)  # the hold expires
     second = sqlaq.enqueue(conn, "report", dedupe_key="k", unique_for=HOUR)
-    assert second.inserted and second.job_id != first.job_id
+    assert second.inserted
+    assert second.job_id != first.job_id
     assert _holds(conn) == [("report", "k", second.job_id)]
     third = sqlaq.enqueue(conn, "report", dedupe_key="k", unique_for=HOUR)
     assert third == sqlaq.EnqueueResult(second.job_id, outcome=EnqueueOutcome.HELD)
