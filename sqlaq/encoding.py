@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 from sqlaq.bounds import MAX_DURATION
@@ -78,6 +79,17 @@ MAX_INT_DIGITS = 4300
 
 _SMALLINT = (-32768, 32767)
 _INT4_MAX = 2_147_483_647
+# kind and queue names that passed check_name (exact str only), so that a job of a
+# known kind and queue skips the check; bounded, as names may come from input.
+_GOOD_NAMES: set[str] = set()
+_GOOD_NAMES_MAX = 4096
+
+
+def _remember(name: str) -> None:
+    if type(name) is str and len(_GOOD_NAMES) < _GOOD_NAMES_MAX:
+        _GOOD_NAMES.add(name)
+
+
 _INT_BOUNDS: dict[int, int] = {}
 
 
@@ -174,7 +186,7 @@ def encode_payload(payload: object) -> str:
     """
     found = _check(payload)
     try:
-        text = _ENCODER.encode(payload)
+        text = _encode(payload)
     except RecursionError:
         # Within MAX_DEPTH, but the caller's own stack was already deep.
         raise InvalidJobError(
@@ -201,7 +213,7 @@ def encode_value(value: object, path: str = "result") -> str:
     else:
         found = _check_scalar(value, root, None, _int_bound())
     try:
-        text = _ENCODER.encode(value)
+        text = _encode(value)
     except RecursionError:
         raise InvalidJobError(
             f"{path} nests too deep to encode from this call stack; flatten it"
@@ -224,12 +236,42 @@ def plain_payload(payload: object) -> dict[str, Any]:
 
 
 def _check(payload: object) -> int:
+    if type(payload) is dict and _flat(payload):
+        return 0
     if not isinstance(payload, Mapping):
         raise InvalidJobError(
             f"payload must be a dict (a JSON object), got {type(payload).__name__}; "
             "wrap the value, e.g. {'items': [...]}"
         )
     return _walk(payload, _int_bound())
+
+
+# The fast path's bound on ints: 18 digits, far within any int/str digits limit (at
+# least 640 digits).
+_SMALL_INT = 10**18
+
+
+def _flat(payload: dict[Any, Any]) -> bool:
+    """Whether *payload* is the common case, passed without the walk: a dict whose keys
+    are ASCII ``str`` without NUL and whose values are ``None``, bools, ints of at most
+    18 digits, floats under 1e16 and ASCII ``str`` without NUL. False sends it to the
+    walk, which decides (and names what is wrong)."""
+    for key, value in payload.items():
+        if type(key) is not str or not key.isascii() or "\x00" in key:
+            return False
+        kind = type(value)
+        if kind is str:
+            if not value.isascii() or "\x00" in value:
+                return False
+        elif kind is int:
+            if not -_SMALL_INT < value < _SMALL_INT:
+                return False
+        elif kind is float:
+            if not -_BIG < value < _BIG:  # NaN compares false too
+                return False
+        elif value is not None and kind is not bool:
+            return False
+    return True
 
 
 def _as_dict(value: object) -> dict[Any, Any]:
@@ -247,6 +289,23 @@ _ENCODER = json.JSONEncoder(
     default=_as_dict,
     check_circular=False,  # the walk refused cycles already
 )
+
+# The C encoder behind _ENCODER.encode, called without its two Python-level wrappers
+# (a third of the cost of encoding a small payload); what ``encode`` itself calls for
+# any object but a str, with the same settings. None where the C accelerator is
+# missing (another interpreter): _ENCODER.encode then.
+_C_ENCODER = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(None, _as_dict, encode_basestring, None, ":", ",", False, False, False)
+)
+
+
+def _encode(value: Any) -> str:
+    if _C_ENCODER is None or isinstance(value, str):  # pragma: no cover - CPython has it
+        return _ENCODER.encode(value)
+    return "".join(_C_ENCODER(value, 0))
+
 
 # What the walk found that encoding must mind.
 _OTHER_MAPPING = 1  # a Mapping that is not a dict: the encoder's hook copies it
@@ -425,11 +484,19 @@ class NewJob:
     payload_json: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_name("kind", self.kind)
-        check_name("queue", self.queue)
-        check_int("priority", self.priority, *_SMALLINT)
-        check_duration("delay", self.delay)
-        check_int("max_attempts", self.max_attempts, 1, _INT4_MAX)
+        # Each check is skipped for a value known good (a name checked before, an int
+        # in range, no delay): a bulk enqueue builds thousands of these.
+        kind, queue, priority, attempts = self.kind, self.queue, self.priority, self.max_attempts
+        if type(kind) is not str or kind not in _GOOD_NAMES:
+            _remember(check_name("kind", kind))
+        if type(queue) is not str or queue not in _GOOD_NAMES:
+            _remember(check_name("queue", queue))
+        if type(priority) is not int or not -32768 <= priority <= 32767:
+            check_int("priority", priority, *_SMALLINT)
+        if type(self.delay) is not timedelta or self.delay:
+            check_duration("delay", self.delay)
+        if type(attempts) is not int or not 1 <= attempts <= _INT4_MAX:
+            check_int("max_attempts", attempts, 1, _INT4_MAX)
         if self.dedupe_key is not None:
             check_dedupe_key(self.dedupe_key)
         if self.run_at is not None:

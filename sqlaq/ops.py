@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import operator
 import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -367,6 +368,31 @@ def _enqueue_unique(
     )
 
 
+# What jobs of enqueue_many's common batch share: all but the payload (no dedupe key).
+_SHAPE = operator.attrgetter(
+    "queue", "kind", "priority", "delay", "max_attempts", "dedupe_key", "run_at", "timeout"
+)
+_SHAPE_DEDUPE_KEY = 5
+# The slots of EnqueueResult, set without its __init__ (a third of the cost) for the
+# results of a bulk insert, which are all INSERTED.
+_SET_JOB_ID = EnqueueResult.__dict__["job_id"].__set__
+_SET_DUPLICATE = EnqueueResult.__dict__["duplicate"].__set__
+_SET_OUTCOME = EnqueueResult.__dict__["outcome"].__set__
+
+
+def _inserted(ids: Iterable[int]) -> list[EnqueueResult]:
+    """``[EnqueueResult(job_id) for job_id in ids]``, faster."""
+    results = []
+    new = object.__new__
+    for job_id in ids:
+        result = new(EnqueueResult)
+        _SET_JOB_ID(result, job_id)
+        _SET_DUPLICATE(result, False)
+        _SET_OUTCOME(result, EnqueueOutcome.INSERTED)
+        results.append(result)
+    return results
+
+
 @operation
 def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
     """Insert many jobs with one statement, in the caller's transaction.
@@ -387,8 +413,20 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
             raise InvalidJobError(f"jobs[{index}] must be a sqlaq.NewJob, got {type(job).__name__}")
     if not batch:
         return []
+    headers = tracing.capture()
+    shape = _SHAPE(batch[0])
+    if shape[_SHAPE_DEDUPE_KEY] is None and all(map(shape.__eq__, map(_SHAPE, batch))):
+        # The common batch: jobs that differ only in their payload, none with a dedupe
+        # key; one statement with one JSON array of payloads (enqueue_uniform_stmt).
+        payloads = [job.payload_json for job in batch]
+        params = queries.enqueue_uniform_params(batch[0], payloads, headers=headers)
+        ids = (yield queries.enqueue_uniform_stmt(), params).scalars().all()
+        if len(ids) != len(batch):  # pragma: no cover - nothing can conflict
+            raise RuntimeError(f"enqueue_many inserted {len(ids)} of {len(batch)} jobs")
+        ids.sort()  # identity values are drawn in input order
+        return _inserted(ids)
     # Identity values are drawn in input order, so sorted ids line up with the input.
-    inserted = yield queries.enqueue_many_stmt(jobs_=batch, headers=tracing.capture()), None
+    inserted = yield queries.enqueue_many_stmt(jobs_=batch, headers=headers), None
     rows = sorted(inserted.all(), key=lambda r: r[0])
     inserted = iter(rows)
     results: list[EnqueueResult | None] = []

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -119,6 +120,8 @@ __all__ = [
     "enqueue_many_stmt",
     "enqueue_params",
     "enqueue_stmt",
+    "enqueue_uniform_params",
+    "enqueue_uniform_stmt",
     "enqueued_jobs_stmt",
     "error_line",
     "extend_lease_stmt",
@@ -529,6 +532,71 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
     stmt = insert(jobs).from_select([*columns, "headers", "timeout"], source)
     stmt = stmt.on_conflict_do_nothing(index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE)
     return stmt.returning(c.id, c.kind, c.dedupe_key)
+
+
+@cache
+def enqueue_uniform_stmt() -> Insert:
+    """Insert jobs that differ only in their payload, none with a dedupe key; ``RETURNING
+    id``: :func:`sqlaq.enqueue_many`'s path for the common batch.
+
+    Renders::
+
+        INSERT INTO sqlaq_jobs (queue, kind, payload, priority, run_at, max_attempts,
+                                headers, timeout)
+        SELECT :b_queue, :b_kind, new_jobs.value, :b_priority,
+               coalesce(:b_run_at, now() + :b_delay), :b_max_attempts, :b_headers::jsonb,
+               :b_timeout
+        FROM jsonb_array_elements(:b_payloads::jsonb) WITH ORDINALITY AS new_jobs
+        ORDER BY new_jobs.ordinality
+        RETURNING sqlaq_jobs.id
+
+    Bind values: :func:`enqueue_uniform_params`. The payloads travel as one JSON array
+    (text): one parameter the driver sends as it is, where a ``text[]`` of payloads is
+    escaped element by element (the larger part of the client's cost), and every other
+    column is one scalar. Identity values are drawn in ``ORDER BY`` order, so the sorted
+    ids are the jobs' in input order. No ``ON CONFLICT``: without dedupe keys nothing
+    can conflict. Built once (cached), on first use.
+    """
+    payloads = (
+        func.jsonb_array_elements(cast(bindparam("b_payloads", type_=Text), JSONB))
+        .table_valued("value", with_ordinality="ordinality")
+        .render_derived(name="new_jobs")
+    )
+    source = select(
+        cast(bindparam("b_queue", type_=Text), Text),
+        cast(bindparam("b_kind", type_=Text), Text),
+        payloads.c.value,
+        cast(bindparam("b_priority", type_=SmallInteger), SmallInteger),
+        func.coalesce(
+            cast(bindparam("b_run_at", type_=TIMESTAMP(timezone=True)), TIMESTAMP(timezone=True)),
+            _NOW + cast(bindparam("b_delay", type_=Interval), Interval),
+        ),
+        cast(bindparam("b_max_attempts", type_=Integer), Integer),
+        cast(bindparam("b_headers", type_=Text), JSONB),
+        cast(bindparam("b_timeout", type_=Interval), Interval),
+    ).order_by(payloads.c.ordinality)
+    columns = ["queue", "kind", "payload", "priority", "run_at", "max_attempts", "headers"]
+    stmt = insert(jobs).from_select([*columns, "timeout"], source)
+    return stmt.returning(c.id)
+
+
+def enqueue_uniform_params(
+    job: NewJob, payloads: Sequence[str], *, headers: str | None = None
+) -> dict[str, Any]:
+    """The bind values of :func:`enqueue_uniform_stmt`: every column but the payload
+    from *job*, the payloads (JSON texts, one per job, in order) joined into one JSON
+    array, and the *headers* (JSON text) of every job."""
+    return {
+        "b_queue": job.queue,
+        "b_kind": job.kind,
+        "b_payloads": f"[{','.join(payloads)}]",
+        "b_priority": job.priority,
+        "b_delay": job.delay,
+        "b_run_at": job.run_at,
+        "b_max_attempts": job.max_attempts,
+        "b_headers": headers,
+        "b_timeout": job.timeout,
+    }
 
 
 #: Columns :func:`enqueue_copy_stmt` loads, in this order; ``run_at`` and ``created_at``

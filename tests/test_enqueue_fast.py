@@ -1,0 +1,216 @@
+"""The enqueue paths kept fast: a single enqueue is one statement, compiled once;
+``enqueue_many`` sends a batch of jobs that differ only in their payload as one JSON
+array (``queries.enqueue_uniform_stmt``), any other batch through the general statement,
+with the same results either way; NewJob's fast checks refuse what the full ones do."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, event, text
+from sqlalchemy.engine import Engine
+
+import sqlaq
+from sqlaq import InvalidJobError, NewJob
+
+pytestmark = pytest.mark.timeout(60)
+
+PAYLOADS: list[dict[str, Any]] = [
+    {},
+    {"seq": 1},
+    {"n": -(10**17), "big": 10**40, "f": 1.5, "huge": 1e16, "neg": -2.5e20, "t": True, "z": None},
+    {"text": "é ü 漢字 😀", "quote": 'a "b" \\ c', "nl": "x\ny"},
+    {"nested": {"list": [1, [2, {"deep": "x"}]], "tuple": (1, 2)}},
+    {"é": 1},
+]
+
+
+@contextmanager
+def statements(conn: Connection) -> Iterator[list[tuple[str, Any]]]:
+    """The SQL each cursor execution on *conn* runs, with its compiled-cache status."""
+    seen: list[tuple[str, Any]] = []
+
+    def before(*args: Any) -> None:
+        statement, context = args[2], args[4]
+        seen.append((statement, getattr(context, "cache_hit", None)))
+
+    event.listen(conn, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(conn, "before_cursor_execute", before)
+
+
+def _rows(conn: Connection, ids: list[int]) -> list[Any]:
+    return list(
+        conn.execute(
+            text(
+                "SELECT id, queue, kind, payload, priority, max_attempts, dedupe_key, timeout,"
+                " run_at - created_at AS wait, run_at, headers FROM sqlaq_jobs"
+                " WHERE id = ANY(:ids) ORDER BY id"
+            ),
+            {"ids": ids},
+        ).all()
+    )
+
+
+def test_a_single_enqueue_is_one_statement_compiled_once(conn: Connection) -> None:
+    sqlaq.enqueue(conn, "warm", {"n": 0})  # the first compiles (or finds it compiled)
+    with statements(conn) as seen:
+        sqlaq.enqueue(conn, "one", {"n": 1})
+        sqlaq.enqueue(conn, "two", {"n": 2}, queue="other", priority=3)
+    assert len(seen) == 2
+    assert all(sql.startswith("INSERT INTO sqlaq_jobs") for sql, _ in seen)
+    assert [str(hit) for _, hit in seen] == ["CacheStats.CACHE_HIT"] * 2
+
+
+def test_a_uniform_batch_is_one_statement_and_every_field_is_stored(conn: Connection) -> None:
+    shared: dict[str, Any] = {
+        "queue": "bulk",
+        "priority": -7,
+        "delay": timedelta(hours=1),
+        "max_attempts": 2,
+        "timeout": timedelta(seconds=30),
+    }
+    jobs = [NewJob("fast", payload, **shared) for payload in PAYLOADS * 3]
+    with statements(conn) as seen:
+        results = sqlaq.enqueue_many(conn, jobs)
+    assert len(seen) == 1
+    assert "jsonb_array_elements" in seen[0][0]
+    ids = [r.job_id for r in results]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(jobs)
+    assert all(r.inserted and not r.duplicate for r in results)
+    assert results[0] == sqlaq.EnqueueResult(ids[0])
+    rows = _rows(conn, ids)
+    for job, row in zip(jobs, rows, strict=True):
+        assert row.payload == json.loads(job.payload_json)  # tuples come back as lists
+        assert (row.queue, row.kind, row.priority, row.max_attempts, row.dedupe_key) == (
+            "bulk",
+            "fast",
+            -7,
+            2,
+            None,
+        )
+        assert (row.timeout, row.wait, row.headers) == (
+            timedelta(seconds=30),
+            timedelta(hours=1),
+            None,
+        )
+    # Floats stay floats (1e16 is spelt out), and big ints stay ints.
+    assert rows[2].payload["huge"] == 1e16
+    assert isinstance(rows[2].payload["huge"], float)
+    assert rows[2].payload["big"] == 10**40
+
+
+def test_a_uniform_batch_takes_run_at(conn: Connection) -> None:
+    when = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
+    results = sqlaq.enqueue_many(conn, [NewJob("at", {"i": i}, run_at=when) for i in range(3)])
+    rows = _rows(conn, [r.job_id for r in results])
+    assert [(row.run_at, row.payload) for row in rows] == [(when, {"i": i}) for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"queue": "elsewhere"},
+        {"kind": "other"},
+        {"priority": 1},
+        {"delay": timedelta(minutes=5)},
+        {"max_attempts": 9},
+        {"dedupe_key": "k"},
+        {"run_at": datetime(2031, 1, 1, tzinfo=UTC)},
+        {"timeout": timedelta(seconds=5)},
+    ],
+)
+def test_a_batch_whose_jobs_differ_in_more_than_the_payload_is_stored_the_same(
+    conn: Connection, odd: dict[str, Any]
+) -> None:
+    args = [{"kind": "k", "payload": {"i": i}} for i in range(5)]
+    args[3] = args[3] | odd
+    jobs = [NewJob(**a) for a in args]
+    with statements(conn) as seen:
+        results = sqlaq.enqueue_many(conn, jobs)
+    assert len(seen) == 1
+    assert "unnest" in seen[0][0]
+    ids = [r.job_id for r in results]
+    assert ids == sorted(ids)
+    assert not any(r.duplicate for r in results)
+    rows = _rows(conn, ids)
+    for job, row in zip(jobs, rows, strict=True):
+        assert (row.queue, row.kind, row.payload, row.priority, row.max_attempts) == (
+            job.queue,
+            job.kind,
+            job.payload,
+            job.priority,
+            job.max_attempts,
+        )
+        assert (row.dedupe_key, row.timeout) == (job.dedupe_key, job.timeout)
+
+
+def test_a_uniform_batch_under_a_savepoint_rolls_back_whole(engine: Engine) -> None:
+    with engine.connect() as conn, conn.begin():
+        before = conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one()
+        with conn.begin_nested() as nested:
+            sqlaq.enqueue_many(conn, [NewJob("sp", {"i": i}) for i in range(10)])
+            nested.rollback()
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == before
+        conn.rollback()
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"a": float("nan")}, "payload['a'] is nan"),
+        ({"a": float("inf")}, "payload['a'] is inf"),
+        ({"a": "x\x00y"}, "NUL"),
+        ({"a\x00": 1}, "NUL"),
+        ({"a": "\ud800"}, "lone surrogate"),
+        ({1: "a"}, "key 1 of type int"),
+        ({"a": {1, 2}}, "payload['a'] is a set"),
+        ({"a": 10**5000}, "more than 4300 digits"),
+        ([1], "payload must be a dict"),
+    ],
+)
+def test_the_fast_payload_check_refuses_what_the_walk_does(payload: Any, message: str) -> None:
+    with pytest.raises(InvalidJobError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        NewJob("k", payload)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"kind": ""}, "kind must be a non-empty name"),
+        ({"kind": "x" * 256}, "kind is 256 characters long"),
+        ({"kind": 3}, "kind must be a str"),
+        ({"kind": ["k"]}, "kind must be a str"),
+        ({"queue": "q\x00"}, "queue contains a NUL"),
+        ({"priority": 40000}, "priority must be between"),
+        ({"priority": True}, "priority must be an int"),
+        ({"max_attempts": 0}, "max_attempts must be between"),
+        ({"max_attempts": 1.0}, "max_attempts must be an int"),
+        ({"delay": timedelta(seconds=-1)}, "delay must be zero or more"),
+        ({"delay": 5}, "delay must be a datetime.timedelta"),
+    ],
+)
+def test_the_fast_field_checks_refuse_what_the_full_ones_do(
+    args: dict[str, Any], message: str
+) -> None:
+    NewJob("k", queue="q")  # both names are now known good: the fast path is taken
+    with pytest.raises(InvalidJobError, match=message):
+        NewJob(**({"kind": "k"} | args))
+
+
+class _Name(str):
+    """A str subclass: never cached as a known-good name."""
+
+
+def test_a_str_subclass_name_is_checked_each_time() -> None:
+    assert NewJob(_Name("sub")).kind == "sub"
+    with pytest.raises(InvalidJobError, match="kind must be a non-empty name"):
+        NewJob(_Name(" "))
