@@ -217,6 +217,29 @@ def host_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
         HostBase.metadata.drop_all(committed)
 
 
+@prelude("debounce")
+def debounce_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database; then one queued job is left, with the last
+    payload, due 30 s after the enqueues."""
+    yield {"engine": committed}
+    with committed.connect() as conn:
+        assert [tuple(row) for row in _jobs(conn)] == [
+            ("reindex", {"doc_id": 7, "revision": 3}, "queued")
+        ]
+        due = "SELECT run_at - created_at FROM sqlaq_jobs"
+        assert conn.execute(text(due)).scalar_one() == timedelta(seconds=30)
+
+
+@prelude("unique-for")
+def unique_for_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database; then one job, holding its key for a day."""
+    yield {"engine": committed}
+    with committed.connect() as conn:
+        assert [tuple(row) for row in _jobs(conn)] == [("daily_report", {}, "queued")]
+        held = "SELECT expires_at - now() > interval '23 hours' FROM sqlaq_unique_holds"
+        assert conn.execute(text(held)).scalar_one() is True
+
+
 class Mailer:
     """Records what it was asked to send."""
 
