@@ -135,3 +135,10 @@ def test_a_sync_handler_is_written_timed_out_at_the_jobs_shorter_timeout(
         assert returned.wait(10)
         assert worker.idle.wait(10)
     assert len(recorder.results) == 1
+
+
+def test_a_uniform_batch_keeps_its_timeout(conn: Connection) -> None:
+    batch = [sqlaq.NewJob("k", {"i": i}, timeout=timedelta(seconds=5)) for i in range(3)]
+    assert all(r.inserted for r in sqlaq.enqueue_many(conn, batch))
+    claimed = sqlaq.claim(conn, worker_id=uuid.uuid4(), limit=10)
+    assert [j.timeout for j in claimed] == [timedelta(seconds=5)] * 3

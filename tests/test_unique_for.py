@@ -157,3 +157,27 @@ def test_eight_racing_enqueuers_insert_exactly_one(committed: Engine, expired: b
         queued = conn.execute(text("SELECT id FROM sqlaq_jobs WHERE status = 'queued'")).all()
         assert [row.id for row in queued] == [winner.job_id]
         assert _holds(conn) == [("report", "k", winner.job_id)]
+
+
+def test_the_leader_deletes_expired_holds(committed: Engine) -> None:
+    from workerkit import scalar, wait_until
+
+    from sqlaq.config import WorkerConfig
+    from sqlaq.maintenance import Maintenance
+
+    with committed.begin() as conn:
+        sqlaq.enqueue(conn, "report", dedupe_key="old", unique_for=HOUR)
+        sqlaq.enqueue(conn, "report", dedupe_key="live", unique_for=3 * HOUR)
+        travel(conn, 2 * HOUR)
+    config = WorkerConfig(maintenance_interval=timedelta(milliseconds=50))
+    maintainer = Maintenance(committed, [], config, "m")
+    maintainer.start()
+    try:
+        wait_until(
+            lambda: scalar(committed, "SELECT count(*) FROM sqlaq_unique_holds") == 1,
+            10,
+            "the expired hold deleted",
+        )
+    finally:
+        maintainer.stop()
+    assert scalar(committed, "SELECT key FROM sqlaq_unique_holds") == "live"
