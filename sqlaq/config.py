@@ -16,7 +16,16 @@ from typing import Any
 
 from sqlaq.errors import ConfigError
 from sqlaq.ops import DEFAULT_LEASE
-from sqlaq.option import Boolean, DatabaseUrl, Domain, Duration, Integer, Names, Option
+from sqlaq.option import (
+    AutoInteger,
+    Boolean,
+    DatabaseUrl,
+    Domain,
+    Duration,
+    Integer,
+    Names,
+    Option,
+)
 from sqlaq.schema import DEFAULT_QUEUE
 
 __all__ = [
@@ -86,7 +95,11 @@ class WorkerConfig:
             handlers, at the price of jobs waiting in one worker while another may be
             idle. Limited kinds are never prefetched: they are claimed only for a slot
             free now, which a worker kept busy by prefetched work seldom has, so serve
-            them from workers without prefetch. 0 (the default) claims only for free
+            them from workers with ``prefetch=0``. None (the default, ``auto``) follows
+            the worker's pace (:mod:`sqlaq.worker.pacing`): a few claims' worth of jobs
+            (``4 x jobs/s x claim seconds``, at most twice the concurrency and 1,000)
+            while the last claim came back full, none while the queue is shallow; fast
+            handlers get a deep prefetch, slow ones next to none. 0 claims only for free
             slots.
         lease: How long a claim holds a job before another worker may take it (at least
             100 ms). The worker renews it every ``lease / 3`` while the handler runs, so
@@ -131,11 +144,12 @@ class WorkerConfig:
         default=DEFAULT_CONCURRENCY,
         metadata=_option(Integer(1, MAX_CONCURRENCY), "jobs run at once"),
     )
-    prefetch: int = field(
-        default=0,
+    prefetch: int | None = field(
+        default=None,
         metadata=_option(
-            Integer(0, MAX_CONCURRENCY),
-            "jobs claimed ahead of free slots, so a freed slot starts its next job at once",
+            AutoInteger(0, MAX_CONCURRENCY),
+            "jobs claimed ahead of free slots, so a freed slot starts its next job at once; "
+            "'auto' follows the handlers' pace and the queue's depth",
         ),
     )
     lease: timedelta = field(

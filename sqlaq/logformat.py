@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import datetime
 from typing import Any
@@ -44,10 +45,18 @@ class TextFormatter(logging.Formatter):
         return f"{head} {pairs}{sep}{tail}"
 
 
+#: What makes a value need quotes: a space (or any whitespace) or an equals sign.
+_NEEDS_QUOTES = re.compile(r"[\s=]").search
+
+
 def _text(value: object) -> str:
-    # Quote a value with spaces, so "error=OSError: disk full" stays one field.
+    # Quote a value with spaces, so "error=OSError: disk full" stays one field. One
+    # regex search in C, not a Python test per character (this runs for every key of
+    # every line).
+    if type(value) is int or type(value) is float:
+        return str(value)
     text = str(value)
-    return json.dumps(text) if any(c.isspace() or c == "=" for c in text) else text
+    return json.dumps(text) if _NEEDS_QUOTES(text) else text
 
 
 class JsonFormatter(logging.Formatter):

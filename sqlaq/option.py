@@ -1,8 +1,8 @@
 """Options: what a setting may hold, read from text (a flag, a variable) or checked as a value.
 
 This module owns the *domains* of sqlaq's settings (:class:`Duration`, :class:`Integer`,
-:class:`Boolean`, :class:`Names`, :class:`Choice`, :class:`Text`, :class:`DatabaseUrl`,
-:class:`PrepareThreshold`) and :class:`Option`,
+:class:`AutoInteger`, :class:`Boolean`, :class:`Names`, :class:`Choice`, :class:`Text`,
+:class:`DatabaseUrl`, :class:`PrepareThreshold`) and :class:`Option`,
 one declared setting: its name, domain, default and help. A domain both parses text
 (``"5m"`` -> 5 minutes) and checks a Python value, with the same bounds, so the worker's
 Python API (:class:`~sqlaq.WorkerConfig`) and the commands refuse the same values. Every
@@ -30,6 +30,7 @@ from sqlaq.errors import ConfigError, InvalidJobError
 
 __all__ = [
     "BIGINT_MAX",
+    "AutoInteger",
     "Boolean",
     "Choice",
     "DatabaseUrl",
@@ -221,6 +222,40 @@ class Integer(Domain[int]):
         if not self.low <= value <= self.high:
             raise ConfigError(f"{label} must be between {self.low} and {self.high}, got {value}")
         return value
+
+
+@dataclass(frozen=True)
+class AutoInteger(Domain[int | None]):
+    """An :class:`Integer` from *low* to *high*, or ``auto`` (text) / None (value): the
+    number is left to the program (the worker's prefetch follows its pace)."""
+
+    low: int
+    high: int
+
+    @property
+    def metavar(self) -> str:
+        """``N|auto``."""
+        return "N|auto"
+
+    def parse(self, text: str, label: str | None = None) -> int | None:
+        """See :meth:`Domain.parse`."""
+        if text.strip().lower() == "auto":
+            return None
+        if _INTEGER_TEXT.fullmatch(text) is None:
+            raise ConfigError(_named(label, f"invalid integer {_shown(text)} (or 'auto')"))
+        return Integer(self.low, self.high).parse(text, label)
+
+    def check(self, value: object, label: str) -> int | None:
+        """See :meth:`Domain.check`."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{label} must be an int or None (auto), got {_shown(value)}")
+        return Integer(self.low, self.high).check(value, label)
+
+    def show(self, value: int | None) -> str:
+        """``10``; ``auto`` for None."""
+        return "auto" if value is None else str(value)
 
 
 @dataclass(frozen=True)

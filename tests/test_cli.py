@@ -146,7 +146,13 @@ def test_burst_runs_sync_and_async_handlers_then_exits_0(ledger: Engine, databas
         )
         sqlaq.enqueue(conn, "record", delay=timedelta(hours=1))  # not due: not waited for
     result = run_cli(
-        "worker_app:registry", "--burst", "--log-format", "json", database_url=database_url
+        "worker_app:registry",
+        "--burst",
+        "--log-format",
+        "json",
+        "--log-level",
+        "debug",  # "job done" is a DEBUG line
+        database_url=database_url,
     )
     assert result.returncode == 0, result.stderr
     assert count_status(ledger, "done") == 100
@@ -261,7 +267,7 @@ def test_maintenance_prefetch_and_retention_options() -> None:
         timedelta(days=7),
         timedelta(days=30),
     )
-    assert (defaults.prefetch, defaults.maintenance) == (0, True)
+    assert (defaults.prefetch, defaults.maintenance) == (None, True)  # prefetch: auto
     with pytest.raises(UsageError, match="prefetch must be between 0"):
         parse_options(["a:b", "--prefetch", "-1"], environ)
     with pytest.raises(UsageError, match="invalid duration 'someday'"):

@@ -55,6 +55,7 @@ from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
 from sqlaq.worker.fetcher import Fetcher
 from sqlaq.worker.leases import Leases
 from sqlaq.worker.listener import Listener, connection_params
+from sqlaq.worker.pacing import Pace
 from sqlaq.worker.run import Finished, JobResult, Run, timed_out
 from sqlaq.worker.runner import Runner
 from sqlaq.worker.transaction import Sessions
@@ -159,8 +160,9 @@ class Worker:
             sessions=self._sessions.sync,
             async_sessions=self._sessions.async_,
         )
-        self._capacity = config.concurrency + config.prefetch  # jobs held in hand at most
-        self._refill = max(1, config.prefetch // 2)
+        # prefetch None ("auto"): the pace decides, from what the worker observes.
+        self._pace = Pace(config.concurrency, monotonic()) if config.prefetch is None else None
+        self._prefetch = config.prefetch or 0  # jobs claimed ahead of free slots, now
         self._listener: Listener | None = None
         self._maintenance: Maintenance | None = None
         self._task: asyncio.Task[None] | None = None  # run_async's, under async with
@@ -277,7 +279,12 @@ class Worker:
         room = self._room() if claiming else 0
         if room > 0:
             free = self.config.concurrency - self._busy
+            pace = self._pace
+            started = monotonic() if pace is not None else 0.0
             claimed = self._fetcher.fetch(room, free, self._stopping.is_set)
+            if pace is not None:
+                pace.claimed(room, len(claimed), monotonic() - started)
+                self._prefetch = pace.prefetch
             if claimed:
                 self._dispatch(claimed)
         self._update_idle()
@@ -288,17 +295,21 @@ class Worker:
         A prefetching worker whose slots are all busy tops its prefetch up only once
         half of it is used: one claim of many instead of a claim per freed slot (each
         claim costs about a millisecond of the GIL, whatever its size). Nothing is
-        claimed while outcomes waiting for the writer reach twice the capacity.
+        claimed while outcomes waiting for the writer reach twice the capacity (the
+        concurrency plus the prefetch: the jobs held in hand at most). With ``prefetch``
+        left to auto, the prefetch is the pace's (:mod:`sqlaq.worker.pacing`), updated
+        after each claim.
         """
-        busy, concurrency = self._busy, self.config.concurrency
-        room = self._capacity - busy
-        if busy >= concurrency and room < self._refill:
+        busy, concurrency, prefetch = self._busy, self.config.concurrency, self._prefetch
+        capacity = concurrency + prefetch
+        room = capacity - busy
+        if busy >= concurrency and room < max(1, prefetch // 2):
             return 0
         # Back-pressure: while the writer lags (a slow database), finished outcomes pile
         # up in memory with their leases held; stop claiming until it catches up.
         writing = self._writing
         pending = len(self._unwritten) + (len(writing.items) if writing is not None else 0)
-        if pending >= 2 * self._capacity:
+        if pending >= 2 * capacity:
             return 0
         return room
 
@@ -311,6 +322,8 @@ class Worker:
             self._leases.cancelled(self._cancels.popleft())
         leases = self._leases
         committed: list[Written] = []
+        if self._pace is not None and self._finished:
+            self._pace.finished(len(self._finished), monotonic())
         while self._finished:
             finished = self._finished.popleft()
             run = finished.run
@@ -350,7 +363,7 @@ class Worker:
         """Hold claimed jobs and hand them to the runner; a kind without a handler
         fails at once."""
         runs: list[Run] = []
-        log = _log.isEnabledFor(logging.INFO)
+        log = _log.isEnabledFor(logging.DEBUG)
         get_handler = self._registry.get
         default_lease = self.config.lease
         renew = self._leases.renew_now
@@ -360,7 +373,7 @@ class Worker:
             run = Run.of(job, handler, length, renew)
             self._leases.hold(run)
             if log:
-                _log.info("job started", extra=run.log_extra())
+                _log.debug("job started", extra=run.log_extra())
             if self._on_job_started is not None:
                 try:
                     self._on_job_started(job)
@@ -412,12 +425,15 @@ class Worker:
 
     def _settle(self, written: list[Written]) -> None:
         """After commit: forget written runs, log each state change, tell the callback."""
-        log = _log.isEnabledFor(logging.INFO)
+        debug = _log.isEnabledFor(logging.DEBUG)
+        info = debug or _log.isEnabledFor(logging.INFO)
         leases = self._leases
         callback = self._on_job_finished
         for finished, outcome, status in written:
             leases.release(finished.run)
-            if log or status is None:
+            # "job done" is a DEBUG line, every other change INFO (a lost lease WARNING):
+            # with logging at its level off, a job costs no log call at all.
+            if debug or status is None or (info and outcome.verdict is not Verdict.DONE):
                 finished.log(_log, outcome, status)
             if callback is not None:
                 try:

@@ -124,15 +124,16 @@ class Finished:
         )
 
     def log(self, log: logging.Logger, outcome: Outcome, status: JobStatus | None) -> None:
-        """Log the written outcome at INFO (a lost lease at WARNING): one line per state
-        change, errors cut to their first line."""
+        """Log the written outcome: done at DEBUG (like ``job started``: two lines per
+        job at INFO would cost more than a no-op job itself), every other state change at
+        INFO, a lost lease at WARNING; errors cut to their first line."""
         extra = self.run.log_extra()
         extra["duration"] = round(self.duration, 6)
         verdict = outcome.verdict
         if status is None:
             log.warning("job result not written: lease lost", extra=extra)
         elif verdict is Verdict.DONE:
-            log.info("job done", extra=extra)
+            log.debug("job done", extra=extra)
         elif verdict is Verdict.CANCELLED:
             log.info("job cancelled; its result was not written", extra=extra)
         elif verdict is Verdict.SNOOZED:
