@@ -142,3 +142,23 @@ def test_a_uniform_batch_keeps_its_timeout(conn: Connection) -> None:
     assert all(r.inserted for r in sqlaq.enqueue_many(conn, batch))
     claimed = sqlaq.claim(conn, worker_id=uuid.uuid4(), limit=10)
     assert [j.timeout for j in claimed] == [timedelta(seconds=5)] * 3
+
+
+def test_the_dashboards_job_page_shows_the_timeout_and_debounce_key(committed: Engine) -> None:
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from sqlaq.dashboard import app as dashboard_app
+
+    with committed.begin() as conn:
+        own = sqlaq.enqueue(
+            conn, "k", debounce_key="doc-7", debounce=timedelta(1), timeout=timedelta(minutes=5)
+        ).job_id
+        plain = sqlaq.enqueue(conn, "k").job_id
+    with TestClient(dashboard_app(committed)) as client:
+        page = client.get(f"/jobs/{own}").text
+        assert "<dt>timeout</dt><dd>0:05:00 (its own)</dd>" in page
+        assert "<dt>debounce key</dt><dd>doc-7</dd>" in page
+        page = client.get(f"/jobs/{plain}").text
+        assert "<dt>timeout</dt><dd>the handler's</dd>" in page
+        assert "debounce key" not in page
