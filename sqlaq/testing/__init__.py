@@ -261,7 +261,8 @@ def travel(conn: ops.Executor, by: timedelta) -> None:
     PostgreSQL's ``now()`` is the queue's only clock and does not move within a
     transaction, so instead every time the queue stores moves *by* into the past: due
     times (a retry's backoff, a snooze, a delay, a lease), creation and finish times
-    (retention), the start log of rate limits and the last slot of periodic schedules.
+    (retention), the start log of rate limits, the last slot of periodic schedules and
+    the expiry of ``unique_for`` holds.
     Everything sqlaq compares with ``now()`` then behaves as if *by* had passed; a
     periodic schedule's slots are named after the shifted times.
 
