@@ -220,3 +220,57 @@ def test_racing_enqueuers_respect_max_wait(commit_order: Engine) -> None:
         (row,) = conn.execute(text("SELECT payload, run_at, created_at FROM sqlaq_jobs")).all()
     assert row.payload == {"n": n}
     assert row.run_at == row.created_at + 2 * HOUR
+
+
+def test_enqueuers_racing_a_claimer_never_fail_and_leave_one_unstarted_job(
+    committed: Engine,
+) -> None:
+    """Debounced jobs due at once while a claimer takes them: every enqueue either
+    inserts or updates a never-started job, none fails, and at the end at most one
+    never-started queued job holds the key."""
+    start = threading.Barrier(5)
+    stop = threading.Event()
+    tiny = timedelta(microseconds=1)
+
+    def enqueuer(i: int) -> list[sqlaq.EnqueueResult]:
+        results = []
+        with committed.connect() as conn:
+            start.wait()
+            for n in range(40):
+                with conn.begin():
+                    results.append(
+                        sqlaq.enqueue(
+                            conn, "digest", {"i": i, "n": n}, debounce_key="k", debounce=tiny
+                        )
+                    )
+        return results
+
+    def claimer() -> int:
+        claimed = 0
+        worker = uuid.uuid4()
+        with committed.connect() as conn:
+            start.wait()
+            while not stop.is_set():
+                with conn.begin():
+                    jobs = sqlaq.claim(conn, worker_id=worker, limit=5)
+                    sqlaq.complete(conn, [j.lease for j in jobs])
+                claimed += len(jobs)
+        return claimed
+
+    with ThreadPoolExecutor(5) as pool:
+        claiming = pool.submit(claimer)
+        batches = list(pool.map(enqueuer, range(4)))
+        stop.set()
+        claimed = claiming.result()
+    results = [r for batch in batches for r in batch]
+    inserted = {r.job_id for r in results if r.inserted}
+    assert len(inserted) == sum(r.inserted for r in results)  # each insert a new job
+    assert {r.job_id for r in results if not r.inserted} <= inserted
+    with committed.connect() as conn:
+        unstarted = conn.execute(
+            text("SELECT count(*) FROM sqlaq_jobs WHERE status = 'queued' AND attempted_at IS NULL")
+        ).scalar_one()
+        total = conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one()
+    assert unstarted <= 1
+    assert total == len(inserted)
+    assert claimed >= 1
