@@ -78,10 +78,11 @@ class Worker:
         engine: The queue's database: an Engine, or an ``AsyncEngine`` (the worker then
             makes an Engine of its own on the same URL with the sync psycopg driver,
             disposed when it stops: its bookkeeping runs in threads). While
-            :meth:`run` runs, the worker holds one connection (its claims) and uses a
-            second for writing outcomes, plus one per handler calling
-            ``current_job().extend_lease()``, plus a LISTEN connection of its own made
-            from the engine's URL (or from ``listen_url``).
+            :meth:`run` runs, the worker holds one connection (its claims) and a
+            second for writing outcomes (taken first: it claims only while it has
+            it), plus one per handler calling ``current_job().extend_lease()``, plus
+            a LISTEN connection of its own made from the engine's URL (or from
+            ``listen_url``).
         registry: The handlers.
         config: The options; or pass them as keywords (``concurrency=8``), which
             override *config*'s.
@@ -276,6 +277,11 @@ class Worker:
             self._settle_batch()
         if self._writing is None:
             self._hand_to_writer()
+        # No claim while the writer has no connection: its jobs could sit until their
+        # leases ran out; the prefetched ones go back for another worker to take.
+        if claiming and not self._writer.connected:
+            self._withdraw()
+            claiming = False
         room = self._room() if claiming else 0
         if room > 0:
             free = self.config.concurrency - self._busy
@@ -461,7 +467,7 @@ class Worker:
             return  # the writer is free: hand it the outcomes at once
         if writing is not None and writing.done.is_set():
             return
-        claimable = self._room() > 0 and not self._stopping.is_set()
+        claimable = self._room() > 0 and not self._stopping.is_set() and self._writer.connected
         if claimable and self._fetcher.due:
             return  # more may be due and there is room: claim again at once
         deadlines = [] if until is None else [until]
@@ -482,6 +488,7 @@ class Worker:
             or self._woken
             or self._writing
             or self._fetcher.blocked
+            or not self._writer.connected
         )
 
     def _update_idle(self) -> None:
@@ -537,11 +544,7 @@ class Worker:
         if self._maintenance is not None:
             self._maintenance.stop(timeout=0)
         deadline = monotonic() + self.config.grace_period.total_seconds()
-        # Prefetched jobs that have not started go straight back.
-        withdrawn = self._runner.withdraw()
-        if withdrawn:
-            self._busy -= len(withdrawn)
-            self._hand_back(withdrawn, final=False)
+        self._withdraw(stopping=True)  # prefetched jobs that have not started go back
         if self._busy:
             _log.info("worker stopping: waiting for %d running job(s)", self._busy)
         while True:
@@ -573,17 +576,24 @@ class Worker:
             if self._hand_back(running, final=True) or monotonic() >= deadline:
                 return
 
+    def _withdraw(self, *, stopping: bool = False) -> None:
+        """Hand the prefetched jobs (not started) back; if that fails, a running worker
+        runs them after all, a stopping one hands them back at the end."""
+        withdrawn = self._runner.withdraw()
+        if withdrawn:
+            self._busy -= len(withdrawn)
+            if not self._hand_back(withdrawn, final=False) and not stopping:
+                self._busy += len(withdrawn)
+                self._runner.submit(withdrawn)
+
     def _hand_back(self, runs: list[Run], *, final: bool) -> bool:
         """Hand *runs* back to the queue (status queued, due now, attempt refunded);
         True once done. On a transient error they stay held, to be handed back later
         (a final hand-back backs off first)."""
         if not runs:
             return True
-        try:
-            with self._engine.begin() as conn:
-                handed = set(
-                    ops.handback(conn, [r.context.lease for r in runs], raise_on_lost=False)
-                )
+        try:  # on the claim connection: the writer may have none
+            handed = set(self._fetcher.hand_back([r.context.lease for r in runs]))
         except Exception as exc:
             if not is_transient(exc):
                 _log.error("could not hand back %d job(s): %s", len(runs), describe(exc))

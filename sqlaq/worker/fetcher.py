@@ -29,6 +29,7 @@ from sqlalchemy import Connection, Engine
 from sqlaq import ops
 from sqlaq.config import WorkerConfig
 from sqlaq.drive import Plan, plan_of
+from sqlaq.lease import Lease
 from sqlaq.registry import Registry
 from sqlaq.transient import is_transient
 from sqlaq.worker.gates import KindGates
@@ -256,6 +257,21 @@ class Fetcher:
             )
             taken += claimed.jobs
         return taken
+
+    def hand_back(self, leases: list[Lease]) -> list[int]:
+        """Hand *leases*' jobs back (:func:`sqlaq.handback`) on the claim connection if
+        one is held (the writer may have none: a server at ``max_connections``), else
+        on a connection of the pool; return the ids handed back."""
+        if self._conn is None:
+            with self._engine.begin() as conn:
+                return ops.handback(conn, leases, raise_on_lost=False)
+        try:
+            handed = ops.handback(self._conn, leases, raise_on_lost=False)
+            self._conn.commit()  # ends SQLAlchemy's own transaction; nothing is sent
+        except Exception:
+            self.close()
+            raise
+        return handed
 
     def _connection(self) -> Connection:
         if self._conn is None:

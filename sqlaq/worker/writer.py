@@ -16,6 +16,15 @@ is refused, it is left to its lease (it runs again once the lease ends) and logg
 The writer itself never stops for a row, and nothing a row does fails another's
 outcome. A connection fault ends the batch with ``batch.error``: the run thread backs
 off and hands the unwritten rest again once the database is back.
+
+**One connection, held.** The writer connects when it starts and keeps its connection
+(in autocommit; a batch that needs a transaction takes it out of autocommit for its
+span): every outcome and every lease renewal goes through it. :attr:`Writer.connected`
+tells the run thread whether it may claim: a worker that could not write the outcome of
+a job, or renew its lease, must not claim it (a server at ``max_connections``, say: its
+claimed jobs would sit until their leases ran out, then run again elsewhere). While it
+has no connection the writer tries again after a backoff, and wakes the run thread once
+it has one.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -33,7 +43,7 @@ from sqlaq import ops
 from sqlaq.outcome import Outcome, Verdict, unwritable
 from sqlaq.results import complete_with_result
 from sqlaq.schema import JobStatus
-from sqlaq.transient import describe, is_transient
+from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
 from sqlaq.worker.leases import Leases, Renewed
 from sqlaq.worker.run import Finished, Run
 
@@ -131,6 +141,8 @@ class Writer:
         self._inbox: deque[Batch | None] = deque()
         self._wake = threading.Event()
         self._conn: Connection | None = None
+        self._connected = threading.Event()
+        self._connect_failures = 0
         # A daemon, like the handler threads: a writer stuck on a dead connection must
         # not keep the process alive once the worker has returned.
         self._thread = threading.Thread(target=self._loop, name="sqlaq-writer", daemon=True)
@@ -138,6 +150,13 @@ class Writer:
     def start(self) -> None:
         """Start the thread."""
         self._thread.start()
+
+    @property
+    def connected(self) -> bool:
+        """True once the writer holds its connection, until an attempt to get one back
+        fails (a lost connection is replaced at once when the server lets it): the
+        worker claims only while this holds. Safe from any thread."""
+        return self._connected.is_set()
 
     def submit(self, batch: Batch) -> None:
         """Write *batch* next (from the run thread)."""
@@ -154,7 +173,10 @@ class Writer:
     def _loop(self) -> None:
         try:
             while True:
-                self._wake.wait()
+                retry_in = None
+                if self._conn is None and not self._inbox and not self._try_connect():
+                    retry_in = DATABASE_BACKOFF(self._connect_failures).total_seconds()
+                self._wake.wait(retry_in)
                 self._wake.clear()
                 while self._inbox:
                     batch = self._inbox.popleft()
@@ -195,7 +217,7 @@ class Writer:
                 self._drop_connection()
                 raise
             return
-        with self._engine.begin() as conn:
+        with self._transaction() as conn:
             written = write_outcomes(conn, batch.items)
             renewed = Leases.extend(conn, batch.renewing) if batch.renewing else {}
         batch.written, batch.renewed = written, renewed
@@ -207,7 +229,7 @@ class Writer:
             batch.written += self._write_one(item)
         if batch.renewing:
             try:
-                with self._engine.begin() as conn:
+                with self._transaction() as conn:
                     batch.renewed = Leases.extend(conn, batch.renewing)
             except Exception as exc:
                 if is_transient(exc):
@@ -219,7 +241,7 @@ class Writer:
     def _write_one(self, item: tuple[Finished, Outcome]) -> list[Written]:
         finished, outcome = item
         try:
-            with self._engine.begin() as conn:
+            with self._transaction() as conn:
                 return write_outcomes(conn, [item])
         except Exception as exc:
             if is_transient(exc):
@@ -232,7 +254,7 @@ class Writer:
         )
         replacement = unwritable(outcome, cause)
         try:
-            with self._engine.begin() as conn:
+            with self._transaction() as conn:
                 return write_outcomes(conn, [(finished, replacement)])
         except Exception as exc:
             if is_transient(exc):
@@ -244,10 +266,56 @@ class Writer:
             )
             return [(finished, replacement, None)]
 
+    def _try_connect(self) -> bool:
+        """Connect if the server lets us; True on success (the run thread is woken: it
+        may claim now)."""
+        try:
+            self._connection()
+        except Exception as exc:
+            self._connect_failures += 1
+            _log.warning(
+                "the writer has no connection (attempt %d), retrying in %.2fs;"
+                " claiming nothing meanwhile: %s",
+                self._connect_failures,
+                DATABASE_BACKOFF(self._connect_failures).total_seconds(),
+                describe(exc),
+            )
+            return False
+        if self._connect_failures:
+            _log.info("the writer has its connection again")
+            self._connect_failures = 0
+        self._on_done()
+        return True
+
     def _connection(self) -> Connection:
         if self._conn is None:
-            self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                conn = self._engine.connect()
+            except BaseException:
+                self._connected.clear()  # claim nothing until a connection is had
+                raise
+            self._conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            self._connected.set()
         return self._conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        """A transaction on the writer's connection, out of autocommit for its span."""
+        conn = self._connection()
+        conn.execution_options(isolation_level=conn.default_isolation_level)
+        try:
+            with conn.begin():
+                yield conn
+        except Exception as exc:
+            if is_transient(exc) or conn.invalidated:
+                self._drop_connection()
+            else:  # a refused statement, rolled back: the connection is fine
+                conn.execution_options(isolation_level="AUTOCOMMIT")
+            raise
+        except BaseException:
+            self._drop_connection()
+            raise
+        conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
