@@ -452,10 +452,10 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
 def enqueue_copy(jobs: Iterable[NewJob]) -> Plan[int]:
     """Insert many jobs with ``COPY``, in the caller's transaction: the fastest path.
 
-    Two to three times the rate of :func:`enqueue_many` (``bench/RESULTS.md``), for jobs
-    that need neither ids back nor the other things COPY cannot do: every job must be
-    due now (no ``delay``) and have no ``dedupe_key``. Workers are notified on commit,
-    as for any enqueue. Runs on the driver connection under *conn* (psycopg's COPY;
+    About one and a half times the rate of :func:`enqueue_many` (``bench/RESULTS.md``),
+    for jobs that need neither ids back nor the other things COPY cannot do: every job
+    must be due now (no ``delay``) and have no ``dedupe_key``. Workers are notified on
+    commit, as for any enqueue. Runs on the driver connection under *conn* (psycopg's COPY;
     asyncpg's ``copy_records_to_table`` from :mod:`sqlaq.asyncio`), inside the
     transaction *conn* has begun (or begins, as any operation would).
 

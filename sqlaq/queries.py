@@ -484,16 +484,20 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
     """Insert many jobs in one statement; ``RETURNING id, kind, dedupe_key``.
 
     Renders ``INSERT INTO sqlaq_jobs (...) SELECT ... FROM unnest(:b_queues, ...) WITH
-    ORDINALITY ORDER BY ordinality ON CONFLICT ... DO NOTHING``: nine array parameters
-    whatever the number of jobs, so the statement is prepared once. Identity values are
-    drawn in ``ORDER BY`` order, so sorting the returned rows by id gives the inserted
-    jobs in input order; a job skipped as a duplicate returns no row. *headers* (JSON
-    text, one value for every job: the enqueue's trace context) fills ``headers``.
+    ORDINALITY AS new_jobs JOIN jsonb_array_elements(:b_payloads::jsonb) WITH ORDINALITY
+    AS payloads ON payloads.ordinality = new_jobs.ordinality ORDER BY
+    new_jobs.ordinality ON CONFLICT ... DO NOTHING``: eight array parameters and the
+    payloads as one JSON array (text; a ``text[]`` of payloads would be escaped element
+    by element, the larger part of the client's cost), whatever the number of jobs, so
+    the statement is prepared once. Identity values are drawn in ``ORDER BY`` order, so
+    sorting the returned rows by id gives the inserted jobs in input order; a job
+    skipped as a duplicate returns no row. *headers* (JSON text, one value for every
+    job: the enqueue's trace context) fills ``headers``. :func:`enqueue_uniform_stmt`
+    is the lighter statement for jobs that differ only in their payload.
     """
     arrays: dict[str, tuple[list[Any], ARRAY[Any]]] = {
         "b_queues": ([j.queue for j in jobs_], ARRAY(Text)),
         "b_kinds": ([j.kind for j in jobs_], ARRAY(Text)),
-        "b_payloads": ([j.payload_json for j in jobs_], ARRAY(Text)),
         "b_priorities": ([j.priority for j in jobs_], ARRAY(SmallInteger)),
         "b_delays": ([j.delay for j in jobs_], ARRAY(Interval)),
         "b_max_attempts": ([j.max_attempts for j in jobs_], ARRAY(Integer)),
@@ -506,7 +510,6 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
         .table_valued(
             "queue",
             "kind",
-            "payload",
             "priority",
             "delay",
             "max_attempts",
@@ -517,17 +520,27 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
         )
         .render_derived(name="new_jobs")
     )
-    source = select(
-        rows.c.queue,
-        rows.c.kind,
-        cast(rows.c.payload, JSONB),
-        rows.c.priority,
-        func.coalesce(rows.c.run_at, _NOW + rows.c.delay),
-        rows.c.max_attempts,
-        rows.c.dedupe_key,
-        cast(bindparam("b_headers", headers, Text), JSONB),
-        rows.c.timeout,
-    ).order_by(rows.c.ordinality)
+    payloads_json = f"[{','.join([j.payload_json for j in jobs_])}]"
+    payloads = (
+        func.jsonb_array_elements(cast(bindparam("b_payloads", payloads_json, Text), JSONB))
+        .table_valued("value", with_ordinality="ordinality")
+        .render_derived(name="payloads")
+    )
+    source = (
+        select(
+            rows.c.queue,
+            rows.c.kind,
+            payloads.c.value,
+            rows.c.priority,
+            func.coalesce(rows.c.run_at, _NOW + rows.c.delay),
+            rows.c.max_attempts,
+            rows.c.dedupe_key,
+            cast(bindparam("b_headers", headers, Text), JSONB),
+            rows.c.timeout,
+        )
+        .select_from(rows.join(payloads, payloads.c.ordinality == rows.c.ordinality))
+        .order_by(rows.c.ordinality)
+    )
     columns = ["queue", "kind", "payload", "priority", "run_at", "max_attempts", "dedupe_key"]
     stmt = insert(jobs).from_select([*columns, "headers", "timeout"], source)
     stmt = stmt.on_conflict_do_nothing(index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE)

@@ -214,3 +214,18 @@ def test_a_str_subclass_name_is_checked_each_time() -> None:
     assert NewJob(_Name("sub")).kind == "sub"
     with pytest.raises(InvalidJobError, match="kind must be a non-empty name"):
         NewJob(_Name(" "))
+
+
+def test_the_bulk_statements_bind_parameters_are_named_apart_from_columns() -> None:
+    from sqlalchemy.dialects.postgresql import psycopg
+
+    from sqlaq import queries
+
+    for stmt in (
+        queries.enqueue_uniform_stmt(),
+        queries.enqueue_many_stmt(jobs_=[NewJob("k", {"a": 1}), NewJob("j", dedupe_key="d")]),
+    ):
+        names = set(stmt.compile(dialect=psycopg.dialect()).params)
+        assert names, stmt
+        assert all(name.startswith("b_") for name in names), names
+    assert queries.enqueue_uniform_stmt() is queries.enqueue_uniform_stmt()  # built once
