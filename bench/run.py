@@ -28,6 +28,11 @@ Scenarios (bench/RESULTS.md explains each figure):
 9. ``limits``          what per-kind limits cost: a claim of 10 plain and under limits,
                        and a drain of a kind with a concurrency limit and a rate.
 14. ``dashboard``      the dashboard's queries on 1,000,000 finished rows (bench/dashboard.py).
+15.-18. ``scale_processes``, ``scale_backlog``, ``scale_held_xmin``, ``scale_starved``:
+                       4 worker processes, a 1,000,000-job backlog, a snapshot held open
+                       for a whole drain, more workers than ``max_connections`` allows
+                       (bench/scale.py). Minutes each, and one starts a PostgreSQL server
+                       of its own: not in the default run; name them with ``--only``.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 import sqlaq  # noqa: E402 - after the path is set, for a run from a clean clone
 from bench import dashboard as dashboard_scenario  # noqa: E402
+from bench import scale as scale_scenario  # noqa: E402
 from sqlaq import NewJob  # noqa: E402
 from sqlaq.ops import DEFAULT_LEASE  # noqa: E402
 
@@ -621,6 +627,9 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "limits": limits,
     "dashboard": dashboard_scenario.dashboard,
 }
+#: Run only when named (--only): see bench/scale.py.
+SCALE_SCENARIOS = scale_scenario.scenarios(worker)
+SCENARIOS |= SCALE_SCENARIOS
 
 
 # --- targets -------------------------------------------------------------------------
@@ -753,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info(server, argv)
     url, engine = create_database(server)
     bench = Bench(url, engine)
-    chosen = args.only or list(SCENARIOS)
+    chosen = args.only or [name for name in SCENARIOS if name not in SCALE_SCENARIOS]
     started = time.perf_counter()
     try:
         for round_ in range(args.rounds):

@@ -1,0 +1,547 @@
+"""Benchmark scenarios ``scale_*``: sqlaq at scale. Not in the default run (minutes each,
+and ``scale_starved`` starts a PostgreSQL server of its own): name them.
+
+    python bench/run.py --rounds 1 --only scale_processes scale_backlog scale_held_xmin \
+        scale_starved
+    SQLAQ_BENCH_BACKLOG=100000 python bench/run.py --only scale_backlog --rounds 1   (smaller)
+
+* ``scale_processes``  4 ``sqlaq-worker --burst`` processes on one database against 1,
+  no-op (40,000 jobs) and 10 ms handlers (20,000 jobs): jobs/s on the table's clock, and
+  the PostgreSQL CPU each job cost (utime + stime of the server's processes, read from
+  ``/proc``: the backends of the bench's database, and the server's background
+  processes, which are shared with anything else the server does).
+* ``scale_backlog``    a backlog of ``SQLAQ_BENCH_BACKLOG`` (default 1,000,000) no-op jobs
+  drained by one worker at the best settings: jobs/s per tenth of the backlog (from the
+  ``finished_at`` of each tenth), the last tenth over the first, and the table's dead
+  tuples and autovacuum runs (``pg_stat_user_tables``), sampled during the drain.
+* ``scale_held_xmin``  ``SQLAQ_BENCH_HELD_JOBS`` (default 50,000) no-op jobs drained with
+  and without a ``REPEATABLE READ`` transaction held open on another connection for the
+  whole drain (its snapshot holds back the xmin horizon: no dead tuple or index entry of
+  the drain can be removed), at the best settings and with larger claim batches; the
+  ratio, and the median of a 10-job claim timed every 100 ms during the drain.
+* ``scale_starved``    6 long-running workers (LISTEN and maintenance on: 4 connections
+  each) on a throwaway server with ``max_connections=20`` (initdb'd as the ``postgres``
+  OS user into a temporary folder, on a free port; stopped and deleted afterwards),
+  20,000 jobs of 10 ms (``--concurrency 10 --prefetch 20 --lease 5s``: a short lease,
+  so a claim sitting out its lease shows within the drain): jobs run twice (the
+  handlers' ledger), jobs claimed again, and the longest any claimed job sat (the claim's
+  age of the oldest ``running`` job, sampled every 200 ms).
+  To measure another sqlaq (the one before a fix), point the workers at it:
+  ``PYTHONPATH=/path/to/old/tree`` (the benchmark itself imports this tree's).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+import sqlaq
+from sqlaq.ops import DEFAULT_LEASE
+
+PROCESS_JOBS = {"noop": 40_000, "sleep10": 20_000}
+BACKLOG = int(os.environ.get("SQLAQ_BENCH_BACKLOG", "1000000"))
+HELD_JOBS = int(os.environ.get("SQLAQ_BENCH_HELD_JOBS", "50000"))
+STARVED_JOBS = 20_000
+#: A short lease, so a claim that sits shows within the drain (the default is 30 s).
+STARVED_LEASE = timedelta(seconds=5)
+#: The drain counts as stuck once no job was done for this long (seconds).
+STALLED = 60.0
+STARVED_WORKERS = 6
+STARVED_MAX_CONNECTIONS = 20
+#: The best no-op settings of bench/run.py (scenario 3).
+BEST = ["--concurrency", "200", "--prefetch", "200"]
+QUIET = ["--log-level", "warning"]
+#: Where Debian keeps the server binaries (bin/initdb, bin/pg_ctl) of each version.
+DEBIAN_POSTGRES = Path("/usr/lib/postgresql")
+
+
+class WorkerRun(Protocol):
+    ledger: list[tuple[int, str, float]]
+
+
+Spawn = Callable[..., AbstractContextManager[Callable[[float], WorkerRun]]]
+
+
+class Recorder(Protocol):
+    """What the scenarios need of bench/run.py's ``Bench``."""
+
+    url: str
+    engine: Engine
+    workers: list[subprocess.Popen[bytes]]
+
+    def record(self, name: str, value: float) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def fill(self, kind: str, count: int) -> None: ...
+
+    def scalar(self, sql: str, **params: Any) -> Any: ...
+
+
+# --- shared --------------------------------------------------------------------------
+
+
+def load() -> str:
+    """The load averages, for the record."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def check_once(
+    engine: Engine, kind: str, runs: list[tuple[int, str, float]], extra: Iterable[int] = ()
+) -> None:
+    """Every job done, claimed once, run once (by a handler, or taken by *extra* ids)."""
+    with engine.connect() as conn:
+        done, total, attempts = conn.execute(
+            text(
+                "SELECT count(*) FILTER (WHERE status = 'done'), count(*), max(attempts)"
+                " FROM sqlaq_jobs"
+            )
+        ).one()
+        ids = set(conn.execute(text("SELECT id FROM sqlaq_jobs")).scalars())
+    seen = Counter(i for i, ran, _ in runs if ran == kind)
+    seen.update(extra)
+    if done != total or attempts != 1:
+        raise RuntimeError(f"{done} of {total} jobs done, max attempts {attempts}")
+    if set(seen) != ids or max(seen.values()) != 1:
+        raise RuntimeError(f"{len(seen)} distinct jobs run of {total}; twice: {twice(seen)}")
+
+
+def twice(seen: Counter[int]) -> int:
+    return sum(1 for n in seen.values() if n > 1)
+
+
+def table_rate(engine: Engine) -> float:
+    """Jobs/s from the first claim to the last completion, on the database's clock."""
+    with engine.connect() as conn:
+        total, seconds = conn.execute(
+            text(
+                "SELECT count(*), extract(epoch FROM max(finished_at) - (min(run_at) - :lease))"
+                " FROM sqlaq_jobs"
+            ),
+            {"lease": DEFAULT_LEASE},
+        ).one()
+    return float(total) / float(seconds)
+
+
+def fill_sql(engine: Engine, kind: str, count: int) -> None:
+    """An empty queue, then *count* due jobs of *kind* (one INSERT ... SELECT), analyzed."""
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE sqlaq_jobs, sqlaq_rates, sqlaq_periodic"))
+        conn.execute(
+            text(
+                "INSERT INTO sqlaq_jobs (queue, kind, payload)"
+                " SELECT 'default', :kind, jsonb_build_object('n', n)"
+                " FROM generate_series(1, :count) AS n"
+            ),
+            {"kind": kind, "count": count},
+        )
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text("VACUUM ANALYZE sqlaq_jobs")
+        )
+
+
+# --- PostgreSQL CPU --------------------------------------------------------------------
+
+
+def postgres_processes() -> dict[int, tuple[str, float]]:
+    """Every process of the OS user ``postgres``: pid -> (command line, CPU seconds)."""
+    uid = pwd.getpwnam("postgres").pw_uid
+    ticks = os.sysconf("SC_CLK_TCK")
+    found: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        found[int(entry.name)] = (cmdline, (int(fields[11]) + int(fields[12])) / ticks)
+    return found
+
+
+@dataclass
+class CpuMeter:
+    """Samples the server's processes every *interval* s while running: a backend
+    lives only as long as its connection, so its CPU is read while it lives (the last
+    sample before it ended counts: at most *interval* of it is missed)."""
+
+    database: str
+    interval: float = 0.1
+    first: dict[int, float] = field(default_factory=dict)
+    last: dict[int, tuple[str, float]] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> CpuMeter:
+        self.first = {pid: cpu for pid, (_, cpu) in postgres_processes().items()}
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.last.update(postgres_processes())
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.last.update(postgres_processes())
+
+    def seconds(self) -> tuple[float, float]:
+        """CPU seconds used meanwhile: (the database's backends, everything else)."""
+        ours = others = 0.0
+        for pid, (cmdline, cpu) in self.last.items():
+            used = cpu - self.first.get(pid, 0.0)
+            if f" {self.database} " in cmdline:
+                ours += used
+            else:
+                others += used
+        return ours, others
+
+
+# --- (a) worker processes --------------------------------------------------------------
+
+
+def processes(b: Recorder, worker: Spawn) -> None:
+    """4 worker processes vs 1 on one database: jobs/s and PostgreSQL CPU per job."""
+    database = make_url(b.url).database or ""
+    for kind, jobs in PROCESS_JOBS.items():
+        for count in (1, 4):
+            b.fill(kind, jobs)
+            with CpuMeter(database) as meter, ExitStack() as stack:
+                waits = [
+                    stack.enter_context(worker(b, "--burst", *BEST, *QUIET)) for _ in range(count)
+                ]
+                runs = [wait(600) for wait in waits]
+            check_once(b.engine, kind, [r for run in runs for r in run.ledger])
+            rate = table_rate(b.engine)
+            ours, others = meter.seconds()
+            label = f"{count} process{'es' if count > 1 else ''}, {kind}, {' '.join(BEST)}"
+            b.record(f"15. scale: {label} (jobs/s)", rate)
+            b.record(f"15. scale: {label}, PostgreSQL CPU/job, backends (us)", ours / jobs * 1e6)
+            b.record(f"15. scale: {label}, PostgreSQL CPU/job, rest (us)", others / jobs * 1e6)
+            b.record(f"15. scale: {label}, load", float(load().split()[0]))
+
+
+# --- (b) backlog ------------------------------------------------------------------------
+
+
+@contextmanager
+def table_stats(engine: Engine, every: float = 5.0) -> Iterator[list[tuple[float, ...]]]:
+    """Samples of ``pg_stat_user_tables`` for sqlaq_jobs every *every* s: (seconds, live,
+    dead, autovacuum count, autoanalyze count)."""
+    samples: list[tuple[float, ...]] = []
+    stop = threading.Event()
+    start = time.monotonic()
+
+    def loop() -> None:
+        with engine.connect() as conn:
+            while True:
+                row = conn.execute(
+                    text(
+                        "SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count"
+                        " FROM pg_stat_user_tables WHERE relname = 'sqlaq_jobs'"
+                    )
+                ).one()
+                conn.rollback()
+                samples.append((time.monotonic() - start, *map(float, row)))
+                if stop.wait(every):
+                    return
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
+
+
+def backlog(b: Recorder, worker: Spawn) -> None:
+    """A backlog of BACKLOG no-op jobs drained by one worker: jobs/s per tenth."""
+    fill_sql(b.engine, "noop", BACKLOG)
+    with b.engine.connect() as conn:
+        before = conn.execute(
+            text("SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'sqlaq_jobs'")
+        ).scalar_one()
+    with table_stats(b.engine) as samples, worker(b, "--burst", *BEST, *QUIET) as wait:
+        run = wait(3600)
+    check_once(b.engine, "noop", run.ledger)
+    with b.engine.connect() as conn:
+        tenths = conn.execute(
+            text(
+                "SELECT tenth, count(*), extract(epoch FROM max(finished_at) - min(finished_at))"
+                " FROM (SELECT finished_at, ntile(10) OVER (ORDER BY finished_at) AS tenth"
+                " FROM sqlaq_jobs) AS t GROUP BY tenth ORDER BY tenth"
+            )
+        ).all()
+    rates = [count / seconds for _, count, seconds in tenths]
+    size = f"{BACKLOG:,}"
+    b.record(f"16. backlog {size}: drain (jobs/s)", table_rate(b.engine))
+    for (tenth, _, _), rate in zip(tenths, rates, strict=True):
+        b.record(f"16. backlog {size}: tenth {tenth:>2} (jobs/s)", rate)
+    b.record(f"16. backlog {size}: last tenth / first tenth", rates[-1] / rates[0])
+    b.record(f"16. backlog {size}: dead tuples, peak", max(s[2] for s in samples))
+    b.record(f"16. backlog {size}: autovacuum runs during the drain", samples[-1][3] - before)
+    b.record(f"16. backlog {size}: load", float(load().split()[0]))
+    for at, live, dead, vacuums, analyzes in samples:
+        print(
+            f"  backlog t={at:6.1f}s live={live:,.0f} dead={dead:,.0f}"
+            f" autovacuum={vacuums:.0f} autoanalyze={analyzes:.0f}",
+            flush=True,
+        )
+
+
+# --- (c) held xmin ----------------------------------------------------------------------
+
+
+@contextmanager
+def claim_sampler(engine: Engine, every: float = 0.1) -> Iterator[tuple[list[float], list[int]]]:
+    """Claims 10 jobs every *every* s (completing them): the claim's times (ms) and the
+    ids it took, while a drain runs."""
+    times: list[float] = []
+    taken: list[int] = []
+    stop = threading.Event()
+    worker_id = uuid.uuid4()
+
+    def loop() -> None:
+        with engine.connect() as conn:
+            while not stop.wait(every):
+                start = time.perf_counter()
+                jobs = sqlaq.claim(conn, worker_id=worker_id, limit=10)
+                elapsed = (time.perf_counter() - start) * 1000
+                sqlaq.complete(conn, [j.lease for j in jobs])
+                conn.commit()
+                if jobs:
+                    times.append(elapsed)
+                    taken.extend(j.id for j in jobs)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield times, taken
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextmanager
+def held_snapshot(b: Recorder) -> Iterator[None]:
+    """A REPEATABLE READ transaction open on another connection (its snapshot taken)."""
+    dsn = make_url(b.url).set(drivername="postgresql").render_as_string(False)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("SELECT 1")
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+HELD_SETTINGS = {
+    "best (--concurrency 200 --prefetch 200)": BEST,
+    "--concurrency 200 --prefetch 1000": ["--concurrency", "200", "--prefetch", "1000"],
+    "--concurrency 200 --prefetch 2000": ["--concurrency", "200", "--prefetch", "2000"],
+}
+
+
+def held_xmin(b: Recorder, worker: Spawn) -> None:
+    """The same drain without and with a snapshot held open, at a few claim batches."""
+    size = f"{HELD_JOBS:,}"
+    for label, flags in HELD_SETTINGS.items():
+        rates = {}
+        for held in (False, True):
+            fill_sql(b.engine, "noop", HELD_JOBS)
+            with ExitStack() as stack:
+                if held:
+                    stack.enter_context(held_snapshot(b))
+                times, taken = stack.enter_context(claim_sampler(b.engine))
+                wait = stack.enter_context(worker(b, "--burst", *flags, *QUIET))
+                run = wait(1800)
+                stack.close()
+            check_once(b.engine, "noop", run.ledger, extra=taken)
+            which = "snapshot held" if held else "no snapshot"
+            rates[held] = table_rate(b.engine)
+            b.record(f"17. held xmin, {size} jobs, {label}, {which} (jobs/s)", rates[held])
+            if times:
+                b.record(
+                    f"17. held xmin, {size} jobs, {label}, {which}: claim 10 p50 (ms)",
+                    statistics.median(times),
+                )
+            b.record(
+                f"17. held xmin, {size} jobs, {label}, {which}: load", float(load().split()[0])
+            )
+        b.record(
+            f"17. held xmin, {size} jobs, {label}: held / not held", rates[True] / rates[False]
+        )
+
+
+# --- (d) more workers than max_connections ---------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def throwaway_server(max_connections: int) -> Iterator[str]:
+    """initdb a temporary cluster (Debian's newest server binaries, as the ``postgres``
+    OS user when run as root), start it on a free port with *max_connections*, yield
+    its URL; stop it and delete its folder afterwards, whatever happened (as noxfile.py's
+    ``_throwaway_server``, with trust authentication on 127.0.0.1)."""
+    initdbs = sorted(DEBIAN_POSTGRES.glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+    if not initdbs:
+        raise RuntimeError(f"no PostgreSQL server binaries under {DEBIAN_POSTGRES}")
+    bin_dir = initdbs[-1].parent
+    folder = Path(tempfile.mkdtemp(prefix="sqlaq-bench-pg-"))
+    account = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+    if account:
+        os.chown(folder, account.pw_uid, account.pw_gid)
+
+    def pg(tool: str, *args: object, check: bool = True) -> None:
+        as_user = {"user": account.pw_uid, "group": account.pw_gid} if account else {}
+        subprocess.run(
+            [bin_dir / tool, *map(str, args)], check=check, cwd=folder,
+            stdout=subprocess.DEVNULL, extra_groups=[] if account else None, **as_user,
+        )  # fmt: skip
+
+    data = folder / "data"
+    port = _free_port()
+    try:
+        pg("initdb", "-D", data, "-U", "postgres", "-E", "UTF8", "--no-sync",
+           "--auth-local=trust", "--auth-host=trust")  # fmt: skip
+        pg("pg_ctl", "-D", data, "-l", folder / "server.log", "-w", "-t", "120", "-o",
+           f"-p {port} -h 127.0.0.1 -k {folder} -c max_connections={max_connections}",
+           "start")  # fmt: skip
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        if (data / "postmaster.pid").exists():
+            pg("pg_ctl", "-D", data, "-m", "fast", "-w", "-t", "120", "stop", check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass
+class Starved:
+    """The bench's Recorder, on the throwaway server's database."""
+
+    url: str
+    engine: Engine
+    parent: Recorder
+    workers: list[subprocess.Popen[bytes]]
+
+    def record(self, name: str, value: float) -> None:
+        self.parent.record(name, value)
+
+
+def starved(b: Recorder, worker: Spawn) -> None:
+    """6 long-running workers on a server with max_connections=20: jobs run twice, and
+    how long claimed jobs sat."""
+    with throwaway_server(STARVED_MAX_CONNECTIONS) as server:
+        admin = create_engine(server, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text('CREATE DATABASE "sqlaq_bench_starved"'))
+        admin.dispose()
+        url = make_url(server).set(database="sqlaq_bench_starved").render_as_string(False)
+        engine = create_engine(url, pool_size=2, max_overflow=0)
+        try:
+            with engine.connect() as conn:
+                sqlaq.migrations.upgrade(conn)
+                conn.commit()
+            fill_sql(engine, "sleep10", STARVED_JOBS)
+            run_starved(Starved(url, engine, b, b.workers), worker)
+        finally:
+            engine.dispose()
+
+
+def run_starved(s: Starved, worker: Spawn) -> None:
+    lease = f"{STARVED_LEASE.total_seconds():.0f}s"
+    flags = ["--concurrency", "10", "--prefetch", "20", "--lease", lease, *QUIET]
+    ages: list[float] = []
+    clients: list[int] = []
+    held_by: Counter[str] = Counter()  # claims seen held, per worker, over the samples
+    start = progress = time.monotonic()
+    last_done = 0
+    with ExitStack() as stack:
+        waits = [stack.enter_context(worker(s, *flags)) for _ in range(STARVED_WORKERS)]
+        procs = list(s.workers[-STARVED_WORKERS:])
+        with s.engine.connect() as conn:
+            while True:
+                done, oldest, holders, connected = conn.execute(
+                    text(
+                        "SELECT count(*) FILTER (WHERE status = 'done'),"
+                        " extract(epoch FROM max(now() - (run_at - :lease))"
+                        " FILTER (WHERE status = 'running')),"
+                        " array_agg(DISTINCT locked_by::text) FILTER (WHERE status = 'running'),"
+                        " (SELECT count(*) FROM pg_stat_activity"
+                        "  WHERE backend_type = 'client backend')"
+                        " FROM sqlaq_jobs"
+                    ),
+                    {"lease": STARVED_LEASE},
+                ).one()
+                conn.rollback()
+                ages.append(float(oldest or 0.0))
+                clients.append(int(connected))
+                held_by.update(holders or [])
+                now = time.monotonic()
+                if done > last_done:
+                    last_done, progress = done, now
+                if done >= STARVED_JOBS or now - progress > STALLED:
+                    break  # drained, or stuck
+                time.sleep(0.2)
+        drained = time.monotonic() - start
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)  # a graceful stop: the ledger is written
+        runs = [wait(120) for wait in waits]
+    seen = Counter(i for run in runs for i, kind, _ in run.ledger if kind == "sleep10")
+    with s.engine.connect() as conn:
+        retried = conn.execute(
+            text("SELECT count(*) FROM sqlaq_jobs WHERE attempts > 1")
+        ).scalar_one()
+        done = conn.execute(
+            text("SELECT count(*) FROM sqlaq_jobs WHERE status = 'done'")
+        ).scalar_one()
+    label = f"{STARVED_WORKERS} workers, max_connections={STARVED_MAX_CONNECTIONS}"
+    s.record(f"18. starved: {label}: jobs done of {STARVED_JOBS:,}", float(done))
+    s.record(f"18. starved: {label}: jobs run twice", float(twice(seen)))
+    s.record(f"18. starved: {label}: jobs claimed again (attempts > 1)", float(retried))
+    s.record(f"18. starved: {label}: oldest claim seen held (s)", max(ages))
+    s.record(f"18. starved: {label}: workers seen holding claims", float(len(held_by)))
+    s.record(f"18. starved: {label}: drain, or until stuck {STALLED:.0f} s (s)", drained)
+    s.record(f"18. starved: {label}: client connections, peak", float(max(clients)))
+    s.record(f"18. starved: {label}: load", float(load().split()[0]))
+
+
+def scenarios(worker: Spawn) -> dict[str, Callable[[Any], None]]:
+    """bench/run.py's entries, bound to its worker-process helper."""
+    return {
+        "scale_processes": lambda b: processes(b, worker),
+        "scale_backlog": lambda b: backlog(b, worker),
+        "scale_held_xmin": lambda b: held_xmin(b, worker),
+        "scale_starved": lambda b: starved(b, worker),
+    }
