@@ -16,7 +16,8 @@ Scenarios (bench/RESULTS.md explains each figure):
                        defaults, at its defaults with ``--log-level warning``, and at the
                        best settings found; every job checked done, every handler run once.
 4. ``drain_sleep``     20,000 jobs whose handler sleeps 10 ms, ``--concurrency 100``,
-                       without and with ``--prefetch 200``;
+                       without and with ``--prefetch 200``, and with the default
+                       ``--prefetch auto``;
    ``thread_ceiling``  the same work in bare Python threads, no database: the ceiling.
 5. ``wakeup``          an idle worker, 200 single enqueues 20 ms apart: commit to
                        handler start.
@@ -324,8 +325,9 @@ def drain_transactional(b: Bench) -> None:
 
 def drain_sleep(b: Bench) -> None:
     """4. drain 20,000 jobs whose handler sleeps 10 ms, at concurrency 100: claiming for
-    free slots only (the default), and with jobs prefetched for the slots to come."""
-    for prefetch in (0, SLEEP_PREFETCH):
+    free slots only, with jobs prefetched for the slots to come, and with the prefetch
+    left to the worker (the default, ``auto``: it follows the handlers' pace)."""
+    for prefetch in (0, SLEEP_PREFETCH, "auto"):
         b.fill("sleep10", DRAIN_JOBS)
         args = ["--concurrency", str(SLEEP_CONCURRENCY), "--prefetch", str(prefetch), *QUIET]
         with worker(b, "--burst", *args) as wait:
