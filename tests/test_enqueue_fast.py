@@ -229,3 +229,28 @@ def test_the_bulk_statements_bind_parameters_are_named_apart_from_columns() -> N
         assert names, stmt
         assert all(name.startswith("b_") for name in names), names
     assert queries.enqueue_uniform_stmt() is queries.enqueue_uniform_stmt()  # built once
+
+
+def test_newjobs_written_out_init_takes_exactly_its_fields() -> None:
+    # NewJob.__init__ is written out for speed: a field added to the dataclass must be
+    # added to it (and to sqlaq.encoding._SETTERS) too.
+    import dataclasses
+    import inspect
+
+    fields = [f for f in dataclasses.fields(NewJob) if f.init]
+    parameters = list(inspect.signature(NewJob).parameters.values())
+    assert [p.name for p in parameters] == [f.name for f in fields]
+    for field, parameter in zip(fields, parameters, strict=True):
+        if field.default is not dataclasses.MISSING:
+            assert parameter.default == field.default, field.name
+        elif field.default_factory is not dataclasses.MISSING:
+            assert repr(parameter.default) == repr(field.default_factory()), field.name
+        else:
+            assert parameter.default is inspect.Parameter.empty, field.name
+    job = NewJob("k")
+    assert job.payload == {}
+    assert job.payload is not NewJob("k").payload
+    values = {f.name: f"v-{f.name}" for f in fields}
+    with pytest.raises(InvalidJobError):  # every value reaches the checks
+        NewJob(**values)
+    assert dataclasses.replace(NewJob("k", {"a": 1}), queue="q") == NewJob("k", {"a": 1}, "q")
