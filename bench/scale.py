@@ -13,12 +13,17 @@ and ``scale_starved`` starts a PostgreSQL server of its own): name them.
 * ``scale_backlog``    a backlog of ``SQLAQ_BENCH_BACKLOG`` (default 1,000,000) no-op jobs
   drained by one worker at the best settings: jobs/s per tenth of the backlog (from the
   ``finished_at`` of each tenth), the last tenth over the first, and the table's dead
-  tuples and autovacuum runs (``pg_stat_user_tables``), sampled during the drain.
+  tuples and autovacuum runs (``pg_stat_user_tables``), sampled during the drain and
+  after it until autovacuum has run (or 180 s). On a throwaway server with stock
+  settings (as ``scale_starved``'s), since the local one runs with autovacuum off; set
+  ``SQLAQ_BENCH_BACKLOG_HERE=1`` to drain on the bench's own server instead.
 * ``scale_held_xmin``  ``SQLAQ_BENCH_HELD_JOBS`` (default 50,000) no-op jobs drained with
   and without a ``REPEATABLE READ`` transaction held open on another connection for the
   whole drain (its snapshot holds back the xmin horizon: no dead tuple or index entry of
-  the drain can be removed), at the best settings and with larger claim batches; the
-  ratio, and the median of a 10-job claim timed every 100 ms during the drain.
+  the drain can be removed), at four claim batches (``HELD_SETTINGS``: the old defaults,
+  today's, the best no-op settings, a deep prefetch); the ratio, and the median of a
+  10-job claim timed every 100 ms during the drain (another consumer: its jobs count
+  as run once).
 * ``scale_starved``    6 long-running workers (LISTEN and maintenance on: 4 connections
   each) on a throwaway server with ``max_connections=20`` (initdb'd as the ``postgres``
   OS user into a temporary folder, on a free port; stopped and deleted afterwards),
@@ -212,15 +217,17 @@ class CpuMeter:
             self.last.update(postgres_processes())
 
     def seconds(self) -> tuple[float, float]:
-        """CPU seconds used meanwhile: (the database's backends, everything else)."""
-        ours = others = 0.0
+        """CPU seconds used meanwhile: (the database's backends, the server's background
+        processes: postmaster, WAL writer, checkpointer, autovacuum, ...). Other
+        databases' backends are left out."""
+        ours = background = 0.0
         for pid, (cmdline, cpu) in self.last.items():
             used = cpu - self.first.get(pid, 0.0)
             if f" {self.database} " in cmdline:
                 ours += used
-            else:
-                others += used
-        return ours, others
+            elif "(" not in cmdline and "[local]" not in cmdline:
+                background += used
+        return ours, background
 
 
 # --- (a) worker processes --------------------------------------------------------------
@@ -239,11 +246,14 @@ def processes(b: Recorder, worker: Spawn) -> None:
                 runs = [wait(600) for wait in waits]
             check_once(b.engine, kind, [r for run in runs for r in run.ledger])
             rate = table_rate(b.engine)
-            ours, others = meter.seconds()
+            ours, background = meter.seconds()
             label = f"{count} process{'es' if count > 1 else ''}, {kind}, {' '.join(BEST)}"
             b.record(f"15. scale: {label} (jobs/s)", rate)
             b.record(f"15. scale: {label}, PostgreSQL CPU/job, backends (us)", ours / jobs * 1e6)
-            b.record(f"15. scale: {label}, PostgreSQL CPU/job, rest (us)", others / jobs * 1e6)
+            b.record(
+                f"15. scale: {label}, PostgreSQL CPU/job, background processes (us)",
+                background / jobs * 1e6,
+            )
             b.record(f"15. scale: {label}, load", float(load().split()[0]))
 
 
@@ -282,8 +292,20 @@ def table_stats(engine: Engine, every: float = 5.0) -> Iterator[list[tuple[float
 
 
 def backlog(b: Recorder, worker: Spawn) -> None:
-    """A backlog of BACKLOG no-op jobs drained by one worker: jobs/s per tenth."""
+    """A backlog of BACKLOG no-op jobs drained by one worker: jobs/s per tenth. On a
+    throwaway server with stock settings (autovacuum on), unless SQLAQ_BENCH_BACKLOG_HERE
+    is set (the bench's own server: the local one runs with autovacuum off)."""
+    if os.environ.get("SQLAQ_BENCH_BACKLOG_HERE"):
+        drain_backlog(b, worker)
+        return
+    with throwaway_database(b) as elsewhere:
+        drain_backlog(elsewhere, worker)
+
+
+def drain_backlog(b: Any, worker: Spawn) -> None:
     fill_sql(b.engine, "noop", BACKLOG)
+    with b.engine.connect() as conn:
+        autovacuum = conn.execute(text("SHOW autovacuum")).scalar_one()
     with b.engine.connect() as conn:
         before = conn.execute(
             text("SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'sqlaq_jobs'")
@@ -291,6 +313,11 @@ def backlog(b: Recorder, worker: Spawn) -> None:
     with table_stats(b.engine) as samples, worker(b, "--burst", *BEST, *QUIET) as wait:
         run = wait(3600)
     check_once(b.engine, "noop", run.ledger)
+    drained_at = time.monotonic()
+    with table_stats(b.engine, every=1.0) as after:  # until autovacuum has run, or 180 s
+        while time.monotonic() - drained_at < 180 and not (after and after[-1][3] > before):
+            time.sleep(1.0)
+    vacuumed = time.monotonic() - drained_at if after[-1][3] > before else float("nan")
     with b.engine.connect() as conn:
         tenths = conn.execute(
             text(
@@ -299,14 +326,16 @@ def backlog(b: Recorder, worker: Spawn) -> None:
                 " FROM sqlaq_jobs) AS t GROUP BY tenth ORDER BY tenth"
             )
         ).all()
-    rates = [count / seconds for _, count, seconds in tenths]
-    size = f"{BACKLOG:,}"
+    rates = [count / float(seconds) for _, count, seconds in tenths]
+    size = f"{BACKLOG:,}, autovacuum {autovacuum}"
     b.record(f"16. backlog {size}: drain (jobs/s)", table_rate(b.engine))
     for (tenth, _, _), rate in zip(tenths, rates, strict=True):
         b.record(f"16. backlog {size}: tenth {tenth:>2} (jobs/s)", rate)
     b.record(f"16. backlog {size}: last tenth / first tenth", rates[-1] / rates[0])
     b.record(f"16. backlog {size}: dead tuples, peak", max(s[2] for s in samples))
     b.record(f"16. backlog {size}: autovacuum runs during the drain", samples[-1][3] - before)
+    b.record(f"16. backlog {size}: first autovacuum after the drain ended (s)", vacuumed)
+    b.record(f"16. backlog {size}: dead tuples after it", after[-1][2])
     b.record(f"16. backlog {size}: load", float(load().split()[0]))
     for at, live, dead, vacuums, analyzes in samples:
         print(
@@ -314,6 +343,10 @@ def backlog(b: Recorder, worker: Spawn) -> None:
             f" autovacuum={vacuums:.0f} autoanalyze={analyzes:.0f}",
             flush=True,
         )
+    print(
+        f"  backlog after the drain: {vacuumed:.0f}s to the first autovacuum,"
+        f" dead={after[-1][2]:,.0f}"
+    )
 
 
 # --- (c) held xmin ----------------------------------------------------------------------
@@ -362,10 +395,13 @@ def held_snapshot(b: Recorder) -> Iterator[None]:
             conn.rollback()
 
 
+#: Claim batches from small to large: the old defaults (10 slots, no prefetch), today's
+#: defaults (100 slots, automatic prefetch), the best no-op settings, a deep prefetch.
 HELD_SETTINGS = {
-    "best (--concurrency 200 --prefetch 200)": BEST,
+    "--concurrency 10 --prefetch 0": ["--concurrency", "10", "--prefetch", "0"],
+    "defaults": [],
+    "--concurrency 200 --prefetch 200": BEST,
     "--concurrency 200 --prefetch 1000": ["--concurrency", "200", "--prefetch", "1000"],
-    "--concurrency 200 --prefetch 2000": ["--concurrency", "200", "--prefetch", "2000"],
 }
 
 
@@ -447,8 +483,8 @@ def throwaway_server(max_connections: int) -> Iterator[str]:
 
 
 @dataclass
-class Starved:
-    """The bench's Recorder, on the throwaway server's database."""
+class Elsewhere:
+    """The bench's Recorder, on a throwaway server's database."""
 
     url: str
     engine: Engine
@@ -459,27 +495,34 @@ class Starved:
         self.parent.record(name, value)
 
 
-def starved(b: Recorder, worker: Spawn) -> None:
-    """6 long-running workers on a server with max_connections=20: jobs run twice, and
-    how long claimed jobs sat."""
-    with throwaway_server(STARVED_MAX_CONNECTIONS) as server:
+@contextmanager
+def throwaway_database(b: Recorder, max_connections: int = 100) -> Iterator[Elsewhere]:
+    """A migrated database on a throwaway server (stock settings but *max_connections*)."""
+    with throwaway_server(max_connections) as server:
         admin = create_engine(server, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
-            conn.execute(text('CREATE DATABASE "sqlaq_bench_starved"'))
+            conn.execute(text('CREATE DATABASE "sqlaq_bench_scale"'))
         admin.dispose()
-        url = make_url(server).set(database="sqlaq_bench_starved").render_as_string(False)
+        url = make_url(server).set(database="sqlaq_bench_scale").render_as_string(False)
         engine = create_engine(url, pool_size=2, max_overflow=0)
         try:
             with engine.connect() as conn:
                 sqlaq.migrations.upgrade(conn)
                 conn.commit()
-            fill_sql(engine, "sleep10", STARVED_JOBS)
-            run_starved(Starved(url, engine, b, b.workers), worker)
+            yield Elsewhere(url, engine, b, b.workers)
         finally:
             engine.dispose()
 
 
-def run_starved(s: Starved, worker: Spawn) -> None:
+def starved(b: Recorder, worker: Spawn) -> None:
+    """6 long-running workers on a server with max_connections=20: jobs run twice, and
+    how long claimed jobs sat."""
+    with throwaway_database(b, STARVED_MAX_CONNECTIONS) as elsewhere:
+        fill_sql(elsewhere.engine, "sleep10", STARVED_JOBS)
+        run_starved(elsewhere, worker)
+
+
+def run_starved(s: Elsewhere, worker: Spawn) -> None:
     lease = f"{STARVED_LEASE.total_seconds():.0f}s"
     flags = ["--concurrency", "10", "--prefetch", "20", "--lease", lease, *QUIET]
     ages: list[float] = []
