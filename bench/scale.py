@@ -16,7 +16,9 @@ and ``scale_starved`` starts a PostgreSQL server of its own): name them.
   tuples and autovacuum runs (``pg_stat_user_tables``), sampled during the drain and
   after it until autovacuum has run (or 180 s). On a throwaway server with stock
   settings (as ``scale_starved``'s), since the local one runs with autovacuum off; set
-  ``SQLAQ_BENCH_BACKLOG_HERE=1`` to drain on the bench's own server instead.
+  ``SQLAQ_BENCH_BACKLOG_HERE=1`` to drain on the bench's own server instead, and
+  ``SQLAQ_BENCH_SERVER_SETTINGS="autovacuum_naptime=10s ..."`` to set more of the
+  throwaway server's settings.
 * ``scale_held_xmin``  ``SQLAQ_BENCH_HELD_JOBS`` (default 50,000) no-op jobs drained with
   and without a ``REPEATABLE READ`` transaction held open on another connection for the
   whole drain (its snapshot holds back the xmin horizon: no dead tuple or index entry of
@@ -306,6 +308,9 @@ def drain_backlog(b: Any, worker: Spawn) -> None:
     fill_sql(b.engine, "noop", BACKLOG)
     with b.engine.connect() as conn:
         autovacuum = conn.execute(text("SHOW autovacuum")).scalar_one()
+        if autovacuum == "on":
+            naptime = conn.execute(text("SHOW autovacuum_naptime")).scalar_one()
+            autovacuum = f"on, naptime {naptime}"
     with b.engine.connect() as conn:
         before = conn.execute(
             text("SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'sqlaq_jobs'")
@@ -469,11 +474,14 @@ def throwaway_server(max_connections: int) -> Iterator[str]:
 
     data = folder / "data"
     port = _free_port()
+    extra = os.environ.get("SQLAQ_BENCH_SERVER_SETTINGS", "").split()
+    settings = "".join(f" -c {setting}" for setting in extra)
     try:
         pg("initdb", "-D", data, "-U", "postgres", "-E", "UTF8", "--no-sync",
            "--auth-local=trust", "--auth-host=trust")  # fmt: skip
         pg("pg_ctl", "-D", data, "-l", folder / "server.log", "-w", "-t", "120", "-o",
-           f"-p {port} -h 127.0.0.1 -k {folder} -c max_connections={max_connections}",
+           f"-p {port} -h 127.0.0.1 -k {folder} -c max_connections={max_connections}"
+           f"{settings}",
            "start")  # fmt: skip
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
     finally:
