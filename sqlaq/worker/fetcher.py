@@ -138,6 +138,9 @@ class Fetcher:
         self._conn: Connection | None = None
         self._precompiled = Precompiled()
         self._due: set[str] = set()  # queues that may have due jobs
+        # Queues set aside while their limited kinds were claimed only for the free slots
+        # (never ahead): due again as soon as a job ends here and frees a slot.
+        self._capped: set[str] = set()
         self._turn = 0
         self._next_poll = 0.0
         # Limited kinds (a concurrency limit or a rate) are claimed one kind at a time
@@ -162,8 +165,10 @@ class Fetcher:
             self.gates.woken(queues)
 
     def finished(self, kind: str, queue: str) -> None:
-        """A job of *kind* ended here: if a limited kind's slot freed, claim it now."""
-        if self.gates and self.gates.finished(kind):
+        """A job of *kind* ended here: if a limited kind's slot freed, or *queue*'s limited
+        kinds wait for a free slot of this worker, claim now."""
+        if self.gates and (self.gates.finished(kind) or queue in self._capped):
+            self._capped.discard(queue)
             self._due.add(queue)
 
     def next_wake(self) -> float:
@@ -198,7 +203,8 @@ class Fetcher:
         return [q for q in queues[start:] + queues[:start] if q in self._due]
 
     def _fetch(self, queue: str, room: int, free: int) -> list[ops.ClaimedJob]:
-        claimed = self._fetch_limited(queue, min(room, free)) if self.gates and free > 0 else []
+        limited = min(room, free)  # a limited kind is claimed for free slots only
+        claimed = self._fetch_limited(queue, limited) if self.gates and free > 0 else []
         if len(claimed) >= room:
             return claimed
         try:
@@ -221,6 +227,11 @@ class Fetcher:
         self._recovered()
         if not jobs:
             self._due.discard(queue)
+            if limited < room and self.gates and self.gates.open(queue, monotonic()):
+                # Its limited kinds may have more, held back only by this worker's free
+                # slots (a prefetching worker's room is larger): look again when a slot
+                # frees, not only at the next poll (a burst worker would have stopped).
+                self._capped.add(queue)
         return claimed + jobs
 
     def _fetch_limited(self, queue: str, room: int) -> list[ops.ClaimedJob]:
