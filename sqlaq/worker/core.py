@@ -161,8 +161,11 @@ class Worker:
             sessions=self._sessions.sync,
             async_sessions=self._sessions.async_,
         )
-        # prefetch None ("auto"): the pace decides, from what the worker observes.
-        self._pace = Pace(config.concurrency, monotonic()) if config.prefetch is None else None
+        # prefetch None ("auto"): the pace decides, from what the worker observes; not
+        # when every handler is limited (limited kinds are never claimed ahead, and a
+        # claim of the others would find none, every turn).
+        auto = config.prefetch is None and any(not h.limited for h in registry)
+        self._pace = Pace(config.concurrency, monotonic()) if auto else None
         self._prefetch = config.prefetch or 0  # jobs claimed ahead of free slots, now
         self._listener: Listener | None = None
         self._maintenance: Maintenance | None = None
