@@ -28,7 +28,7 @@ from sqlaq.bounds import MAX_DURATION
 from sqlaq.cli import UsageError, parse_options
 from sqlaq.config import WORKER_OPTIONS, WorkerConfig
 from sqlaq.errors import ConfigError
-from sqlaq.option import Boolean, Choice, Duration, Integer, Names, Text
+from sqlaq.option import AutoInteger, Boolean, Choice, Duration, Integer, Names, Text
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -236,6 +236,7 @@ DOMAINS = [
     Integer(1, 10_000),
     Integer(-32768, 32767),
     Integer(1, 2**63 - 1),
+    AutoInteger(0, 10_000),
     Boolean(),
     Names(),
     Choice(("debug", "info")),
@@ -260,6 +261,8 @@ def _in_domain(domain: Any, value: Any) -> bool:
         )
     if isinstance(domain, Integer):
         return domain.low <= value <= domain.high
+    if isinstance(domain, AutoInteger):  # None: 'auto'
+        return value is None or (isinstance(value, int) and domain.low <= value <= domain.high)
     if isinstance(domain, Names):
         return bool(value) and all(isinstance(n, str) and n.strip() for n in value)
     if isinstance(domain, Choice):
