@@ -297,7 +297,7 @@ def drain(b: Bench) -> None:
     """3. drain 20,000 no-op jobs: defaults; defaults quiet; concurrency 200; and the
     best settings found, concurrency 200 with a prefetch of 200."""
     for label, args in (
-        ("defaults (concurrency 10, info logs)", []),
+        ("defaults (concurrency 100, prefetch auto, info logs)", []),
         ("defaults, --log-level warning", QUIET),
         (
             f"--concurrency {BEST_CONCURRENCY} --log-level warning",
@@ -645,7 +645,7 @@ BEST_DRAIN = f"3. drain no-op, {BEST_FLAGS} --log-level warning (jobs/s)"
 RAW_BEST = f"7. raw psycopg loop, {BEST_IN_HAND} in flight (jobs/s)"
 BEST_RATIO = f"3/7. sqlaq / raw, best ({BEST_IN_HAND} in hand)"
 RATIOS = {
-    "3/7. sqlaq / raw, defaults (10 in flight)": (
+    "3/7. sqlaq at defaults / raw, 10 in flight": (
         "3. drain no-op, defaults, --log-level warning (jobs/s)",
         "7. raw psycopg loop, 10 in flight (jobs/s)",
     ),
