@@ -68,8 +68,10 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy import insert as core_insert
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REGCLASS, TIMESTAMP, insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.dialects.postgresql import Insert as PgInsert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.types import UserDefinedType
@@ -251,7 +253,9 @@ def enqueue_stmt(*, job: NewJob, headers: str | None = None) -> Insert:
     parameters without ``b_headers`` leave it NULL.
     """
     v = enqueue_params(job, headers=headers)
-    stmt = insert(jobs).values(
+    # Core's insert() when there is no ON CONFLICT: SQLAlchemy before 2.0.3x gives the
+    # PostgreSQL dialect's Insert no cache key, so it would be compiled on every call.
+    stmt = (core_insert if job.dedupe_key is None else insert)(jobs).values(
         queue=bindparam("b_queue", v["b_queue"], Text),
         kind=bindparam("b_kind", v["b_kind"], Text),
         payload=cast(bindparam("b_payload", v["b_payload"], Text), JSONB),
@@ -266,7 +270,7 @@ def enqueue_stmt(*, job: NewJob, headers: str | None = None) -> Insert:
         headers=cast(bindparam("b_headers", v["b_headers"], Text), JSONB),
         timeout=bindparam("b_timeout", v["b_timeout"], Interval),
     )
-    if job.dedupe_key is not None:
+    if isinstance(stmt, PgInsert):
         stmt = stmt.on_conflict_do_nothing(
             index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE
         )
