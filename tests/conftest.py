@@ -32,6 +32,7 @@ from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_fixed
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -111,9 +112,21 @@ def new_database(server_url: str, prefix: str = "sqlaq_test") -> Iterator[str]:
     try:
         yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        _drop_database(admin, name)
         admin.dispose()
+
+
+# A server at max_connections refuses the drop's connection too ("too many clients"):
+# keep trying for a while rather than leave the database behind.
+@retry(
+    retry=retry_if_exception_type(OperationalError),
+    wait=wait_fixed(0.5),
+    stop=stop_after_delay(60),
+    reraise=True,
+)
+def _drop_database(admin: Engine, name: str) -> None:
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture(scope="session")
