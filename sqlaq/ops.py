@@ -284,7 +284,7 @@ def enqueue(
         inserted = yield _ENQUEUE, params
         return EnqueueResult(inserted.scalar_one())
     if unique_for is not None:
-        return (yield from _enqueue_unique(job, params, unique_for))
+        return (yield from _enqueue_unique(job.kind, job.dedupe_key, params, unique_for))
     for _ in range(_DEDUPE_ROUNDS):
         inserted = yield _ENQUEUE_DEDUPE, params
         job_id = inserted.scalar_one_or_none()
@@ -333,11 +333,10 @@ def _check_debounce(
 
 
 def _enqueue_unique(
-    job: NewJob, params: dict[str, Any], unique_for: timedelta
+    kind: str, key: str, params: dict[str, Any], unique_for: timedelta
 ) -> Plan[EnqueueResult]:
-    """The unique_for enqueue (see :func:`sqlaq.queries.unique_enqueue_stmt`)."""
-    kind, key = job.kind, job.dedupe_key
-    assert key is not None
+    """The unique_for enqueue of the job of *params*, holding ``(kind, key)`` (see
+    :func:`sqlaq.queries.unique_enqueue_stmt`)."""
     params["b_unique_for"] = unique_for
     for _ in range(_DEDUPE_ROUNDS):
         taken, inserted = (yield _ENQUEUE_UNIQUE, params).one()

@@ -53,7 +53,9 @@ class Precompiled:
 
     A statement whose compiled form needs SQLAlchemy at each execution (parameters it
     converts, or expands: an ``IN`` list, an array of excluded kinds) is run by
-    SQLAlchemy as usual; so is any step other than a plain statement. A driver error
+    SQLAlchemy as usual. Any step other than a statement (a plan that asks for a
+    transaction or the driver connection) is refused with ``TypeError``: the plain
+    claim's plan has none. A driver error
     discards the connection (SQLAlchemy would have, had it seen a lost connection) and
     propagates as the driver raised it (:func:`sqlaq.transient.is_transient` knows
     both).
