@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
-from sqlaq.encoding import NewJob
+from sqlaq.encoding import JobBatch, NewJob
 from sqlaq.errors import (
     ConfigError,
     InvalidJobError,
@@ -141,6 +141,7 @@ __all__ = [
     "Handler",
     "InvalidJobError",
     "Job",
+    "JobBatch",
     "JobContext",
     "JobNotFoundError",
     "JobOutcome",

@@ -41,12 +41,12 @@ import json
 import math
 import re
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
-from typing import Any
+from typing import Any, overload
 
 from sqlaq.bounds import MAX_DURATION
 from sqlaq.errors import InvalidJobError, shown
@@ -60,6 +60,7 @@ from sqlaq.schema import (
 __all__ = [
     "MAX_DEPTH",
     "MAX_INT_DIGITS",
+    "JobBatch",
     "NewJob",
     "check_dedupe_key",
     "check_duration",
@@ -546,6 +547,21 @@ class NewJob:
             check_duration("timeout", self.timeout, allow_zero=False)
         object.__setattr__(self, "payload_json", encode_payload(self.payload))
 
+    def with_payloads(self, payloads: Iterable[Mapping[str, Any]]) -> JobBatch:
+        """This job once per payload, every other field shared: a :class:`JobBatch`.
+
+        ``sqlaq.enqueue_many(conn, NewJob("resize", queue="images").with_payloads(rows))``
+        enqueues one job per payload, in order, about twice as fast as a list of
+        ``NewJob`` objects: the fields are checked once, and the payloads are checked
+        and encoded as one JSON array (this job's own payload is not used).
+
+        Raises:
+            InvalidJobError: a payload is unusable (the message names its index), or
+                this job has a ``dedupe_key`` (shared, it would make every job but the
+                first a duplicate); nothing is built.
+        """
+        return JobBatch(self, payloads)
+
 
 #: NewJob.__init__'s setters of its fields, in its parameters' order.
 _SETTERS = tuple(
@@ -562,6 +578,79 @@ _SETTERS = tuple(
         "timeout",
     )
 )
+
+
+class JobBatch(Sequence[NewJob]):
+    """One job per payload, all other fields those of one :class:`NewJob`: what
+    :meth:`NewJob.with_payloads` returns, for :func:`sqlaq.enqueue_many`.
+
+    The payloads are validated when the batch is made, with the same rules as a
+    ``NewJob``'s, and encoded once, as one JSON array (:attr:`payloads_json`). The batch
+    is a sequence of ``NewJob`` (built on access), so anything that takes jobs takes it;
+    :func:`sqlaq.enqueue_many` sends it as one statement without building them.
+
+    Attributes:
+        template: The job whose fields every job of the batch has (its payload unused).
+        payloads: The payloads, in order.
+        payloads_json: The payloads as one JSON array text.
+    """
+
+    __slots__ = ("payloads", "payloads_json", "template")
+
+    def __init__(self, template: NewJob, payloads: Iterable[Mapping[str, Any]]) -> None:
+        if not isinstance(template, NewJob):
+            raise InvalidJobError(f"template must be a sqlaq.NewJob, got {type(template).__name__}")
+        if template.dedupe_key is not None:
+            raise InvalidJobError(
+                "a batch shares every field but the payload, so a dedupe_key would make "
+                "every job but the first a duplicate: build NewJobs with their own keys"
+            )
+        if isinstance(payloads, str | bytes | Mapping):
+            raise InvalidJobError(
+                f"payloads must be an iterable of payloads (dicts), got one "
+                f"{type(payloads).__name__}; wrap it in a list"
+            )
+        batch = list(payloads)
+        found = 0
+        check = _check
+        for index, payload in enumerate(batch):
+            try:
+                found |= check(payload)
+            except InvalidJobError as exc:
+                raise InvalidJobError(f"payloads[{index}]: {exc}") from None
+        if found & _BIG_FLOAT:
+            text = f"[{','.join(map(encode_payload, batch))}]"
+        else:
+            try:
+                text = _encode(batch)
+            except RecursionError:
+                raise InvalidJobError(
+                    "a payload nests too deep to encode from this call stack; flatten it"
+                ) from None
+        self.template = template
+        self.payloads = batch
+        self.payloads_json = text
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    @overload
+    def __getitem__(self, index: int) -> NewJob: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[NewJob]: ...
+    def __getitem__(self, index: int | slice) -> NewJob | list[NewJob]:
+        if isinstance(index, slice):
+            return [self._job(payload) for payload in self.payloads[index]]
+        return self._job(self.payloads[index])
+
+    def __iter__(self) -> Iterator[NewJob]:
+        return map(self._job, self.payloads)
+
+    def _job(self, payload: Mapping[str, Any]) -> NewJob:
+        return replace(self.template, payload=payload)
+
+    def __repr__(self) -> str:
+        return f"JobBatch({self.template!r}, {len(self.payloads)} payloads)"
 
 
 #: The latest ``run_at`` accepted: far enough from ``datetime.max`` that the row stays

@@ -37,7 +37,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlaq import queries, tracing
 from sqlaq.bounds import clamp_duration
 from sqlaq.drive import AUTOCOMMIT, Copy, Executor, Plan, Savepoint, operation
-from sqlaq.encoding import NewJob, check_dedupe_key, check_duration, check_name
+from sqlaq.encoding import JobBatch, NewJob, check_dedupe_key, check_duration, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
@@ -400,30 +400,35 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
     held by a pending job (or by an earlier job of the same call) are not inserted and
     report that job's id with ``duplicate=True``.
 
+    *jobs* may be a :class:`~sqlaq.JobBatch` (``NewJob(kind).with_payloads(payloads)``:
+    one job per payload, every other field shared), the fastest way to enqueue many
+    jobs with their ids back: its payloads were checked and encoded when it was made,
+    and no ``NewJob`` is built for it.
+
     Returns:
         One result per input job, in input order.
 
     Raises:
         InvalidJobError: an item is not a :class:`~sqlaq.NewJob`; nothing was written.
     """
+    if type(jobs) is JobBatch:
+        # Checked and encoded when it was made: one statement, no NewJob built.
+        if not jobs:
+            return []
+        return (yield from _enqueue_uniform(jobs.template, jobs.payloads_json, len(jobs)))
     batch = list(jobs)
     for index, job in enumerate(batch):
         if not isinstance(job, NewJob):
             raise InvalidJobError(f"jobs[{index}] must be a sqlaq.NewJob, got {type(job).__name__}")
     if not batch:
         return []
-    headers = tracing.capture()
     shape = _SHAPE(batch[0])
     if shape[_SHAPE_DEDUPE_KEY] is None and all(map(shape.__eq__, map(_SHAPE, batch))):
         # The common batch: jobs that differ only in their payload, none with a dedupe
         # key; one statement with one JSON array of payloads (enqueue_uniform_stmt).
-        payloads = [job.payload_json for job in batch]
-        params = queries.enqueue_uniform_params(batch[0], payloads, headers=headers)
-        ids = (yield queries.enqueue_uniform_stmt(), params).scalars().all()
-        if len(ids) != len(batch):  # pragma: no cover - nothing can conflict
-            raise RuntimeError(f"enqueue_many inserted {len(ids)} of {len(batch)} jobs")
-        ids.sort()  # identity values are drawn in input order
-        return _inserted(ids)
+        payloads_json = f"[{','.join([job.payload_json for job in batch])}]"
+        return (yield from _enqueue_uniform(batch[0], payloads_json, len(batch)))
+    headers = tracing.capture()
     # Identity values are drawn in input order, so sorted ids line up with the input.
     inserted = yield queries.enqueue_many_stmt(jobs_=batch, headers=headers), None
     rows = sorted(inserted.all(), key=lambda r: r[0])
@@ -445,6 +450,17 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
             if result is None:
                 results[index] = EnqueueResult(twins[(job.kind, job.dedupe_key)], duplicate=True)
     return results  # type: ignore[return-value]
+
+
+def _enqueue_uniform(job: NewJob, payloads_json: str, count: int) -> Plan[list[EnqueueResult]]:
+    """Insert *count* jobs that are *job* but for their payloads (*payloads_json*, one
+    JSON array): one statement (:func:`~sqlaq.queries.enqueue_uniform_stmt`)."""
+    params = queries.enqueue_uniform_params(job, payloads_json, headers=tracing.capture())
+    ids = (yield queries.enqueue_uniform_stmt(), params).scalars().all()
+    if len(ids) != count:  # pragma: no cover - nothing can conflict
+        raise RuntimeError(f"enqueue_many inserted {len(ids)} of {count} jobs")
+    ids.sort()  # identity values are drawn in input order
+    return _inserted(ids)
 
 
 @operation

@@ -598,15 +598,15 @@ def enqueue_uniform_stmt() -> Insert:
 
 
 def enqueue_uniform_params(
-    job: NewJob, payloads: Sequence[str], *, headers: str | None = None
+    job: NewJob, payloads_json: str, *, headers: str | None = None
 ) -> dict[str, Any]:
     """The bind values of :func:`enqueue_uniform_stmt`: every column but the payload
-    from *job*, the payloads (JSON texts, one per job, in order) joined into one JSON
-    array, and the *headers* (JSON text) of every job."""
+    from *job*, the payloads as one JSON array text (one element per job, in order),
+    and the *headers* (JSON text) of every job."""
     return {
         "b_queue": job.queue,
         "b_kind": job.kind,
-        "b_payloads": f"[{','.join(payloads)}]",
+        "b_payloads": payloads_json,
         "b_priority": job.priority,
         "b_delay": job.delay,
         "b_run_at": job.run_at,

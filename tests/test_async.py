@@ -137,6 +137,18 @@ async def test_enqueue_many_in_input_order_with_duplicates(aconn: AsyncExecutor)
     assert await scalar(aconn, "SELECT count(*) FROM sqlaq_jobs") == 3
 
 
+async def test_enqueue_many_takes_a_job_batch(aconn: AsyncExecutor) -> None:
+    batch = NewJob("jb", queue="q").with_payloads([{"i": i} for i in range(4)])
+    results = await aq.enqueue_many(aconn, batch)
+    assert [r.inserted for r in results] == [True] * 4
+    rows = await scalar(
+        aconn,
+        "SELECT json_agg(json_build_array(queue, payload) ORDER BY id) FROM sqlaq_jobs"
+        " WHERE kind = 'jb'",
+    )
+    assert rows == [["q", {"i": i}] for i in range(4)]
+
+
 async def test_enqueue_copy_writes_inside_the_callers_transaction(
     async_engine: AsyncEngine,
 ) -> None:

@@ -217,6 +217,15 @@ def host_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
         HostBase.metadata.drop_all(committed)
 
 
+@prelude("autocommit")
+def autocommit_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database; after the sample, its job is committed (read on
+    another connection)."""
+    yield {"engine": committed}
+    with committed.connect() as conn:
+        assert [tuple(row) for row in _jobs(conn)] == [("send_report", {"report_id": 3}, "queued")]
+
+
 @prelude("debounce")
 def debounce_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
     """``engine`` on the test database; then one queued job is left, with the last

@@ -5,6 +5,7 @@ with the same results either way; NewJob's fast checks refuse what the full ones
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -254,3 +255,87 @@ def test_newjobs_written_out_init_takes_exactly_its_fields() -> None:
     with pytest.raises(InvalidJobError):  # every value reaches the checks
         NewJob(**values)
     assert dataclasses.replace(NewJob("k", {"a": 1}), queue="q") == NewJob("k", {"a": 1}, "q")
+
+
+def test_a_job_batch_is_one_statement_with_every_field_and_payload_stored(
+    conn: Connection,
+) -> None:
+    template = NewJob(
+        "batch",
+        {"unused": True},
+        queue="bulk",
+        priority=4,
+        max_attempts=3,
+        delay=timedelta(minutes=2),
+        timeout=timedelta(seconds=9),
+    )
+    batch = template.with_payloads(PAYLOADS * 2)
+    assert isinstance(batch, sqlaq.JobBatch)
+    assert len(batch) == len(PAYLOADS) * 2
+    # The batch is a sequence of NewJob: each is the template with its payload.
+    assert list(batch) == [dataclasses.replace(template, payload=p) for p in PAYLOADS * 2]
+    assert batch[1] == dataclasses.replace(template, payload=PAYLOADS[1])
+    assert batch[:2] == [dataclasses.replace(template, payload=p) for p in PAYLOADS[:2]]
+    with statements(conn) as seen:
+        results = sqlaq.enqueue_many(conn, batch)
+    assert len(seen) == 1
+    assert "jsonb_array_elements" in seen[0][0]
+    ids = [r.job_id for r in results]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(batch)
+    assert all(r.outcome is sqlaq.EnqueueOutcome.INSERTED for r in results)
+    rows = _rows(conn, ids)
+    # The same rows as the same jobs sent as NewJob objects.
+    twins = _rows(conn, [r.job_id for r in sqlaq.enqueue_many(conn, list(batch))])
+    for job, row, twin in zip(batch, rows, twins, strict=True):
+        assert row.payload == json.loads(job.payload_json) == twin.payload
+        assert (row.queue, row.kind, row.priority, row.max_attempts, row.timeout, row.wait) == (
+            "bulk",
+            "batch",
+            4,
+            3,
+            timedelta(seconds=9),
+            timedelta(minutes=2),
+        )
+        assert row[1:9] == twin[1:9]
+    assert isinstance(rows[2].payload["huge"], float)  # 1e16 spelt out, as for a NewJob
+    assert sqlaq.enqueue_many(conn, NewJob("batch").with_payloads([])) == []
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"a": float("nan")}, "payloads[1]: payload['a'] is nan"),
+        ({"a": "x\x00y"}, "payloads[1]: .*NUL"),
+        ({"a": {1, 2}}, "payloads[1]: payload['a'] is a set"),
+        ([1], "payloads[1]: payload must be a dict"),
+    ],
+)
+def test_a_job_batch_refuses_a_bad_payload_by_its_index_and_writes_nothing(
+    conn: Connection, payload: Any, message: str
+) -> None:
+    before = conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one()
+    with pytest.raises(InvalidJobError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        sqlaq.enqueue_many(conn, NewJob("k").with_payloads([{"ok": 1}, payload, {"ok": 2}]))
+    assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == before
+
+
+def test_a_job_batch_refuses_a_shared_dedupe_key_and_a_lone_payload() -> None:
+    with pytest.raises(InvalidJobError, match="dedupe_key would make every job but the first"):
+        NewJob("k", dedupe_key="d").with_payloads([{"a": 1}])
+    with pytest.raises(InvalidJobError, match="got one dict; wrap it in a list"):
+        NewJob("k").with_payloads({"a": 1})  # type: ignore[arg-type]
+    with pytest.raises(InvalidJobError, match=r"template must be a sqlaq\.NewJob"):
+        sqlaq.JobBatch("k", [{}])  # type: ignore[arg-type]
+
+
+def test_a_job_batch_goes_through_enqueue_copy_too(conn: Connection) -> None:
+    before = conn.execute(text("SELECT count(*) FROM sqlaq_jobs WHERE kind = 'cb'")).scalar_one()
+    assert sqlaq.enqueue_copy(conn, NewJob("cb").with_payloads([{"i": i} for i in range(5)])) == 5
+    payloads = (
+        conn.execute(text("SELECT payload FROM sqlaq_jobs WHERE kind = 'cb' ORDER BY id"))
+        .scalars()
+        .all()
+    )
+    assert before == 0
+    assert payloads == [{"i": i} for i in range(5)]
