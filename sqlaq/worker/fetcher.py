@@ -145,6 +145,7 @@ class Fetcher:
         self._capped: set[str] = set()
         self._turn = 0
         self._next_poll = 0.0
+        self._short_ends_due = config.listen and not config.burst
         # Limited kinds (a concurrency limit or a rate) are claimed one kind at a time
         # under the kind's lock (ops.claim_limited); the plain claim skips them.
         self.gates = KindGates(registry)
@@ -227,7 +228,13 @@ class Fetcher:
             self._back_off(exc)
             return claimed
         self._recovered()
-        if not jobs:
+        if not jobs or (self._short_ends_due and len(jobs) < room - len(claimed)):
+            # Nothing more is due there now. With LISTEN on, a claim that came back
+            # short says so as well as an empty one would: the worker waits for a
+            # NOTIFY (or the poll) instead of asking again at once, which would cost a
+            # round trip and a commit and delay the jobs just claimed (this thread
+            # holds the GIL until it blocks on that claim). A burst worker asks until a
+            # claim comes back empty (its stop), so jobs enqueued meanwhile are not left.
             self._due.discard(queue)
             if limited < room and self.gates and self.gates.open(queue, monotonic()):
                 # Its limited kinds may have more, held back only by this worker's free
