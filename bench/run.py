@@ -245,6 +245,20 @@ def enqueue_single(b: Bench) -> None:
             sqlaq.enqueue(conn, "noop", {"i": i})
     b.record("1. enqueue, 1 job/transaction (jobs/s)", n / (time.perf_counter() - start))
     b.reset()
+    # A producer's engine in autocommit (README, "One job on its own"): one round trip.
+    producer = create_engine(b.engine.url, isolation_level="AUTOCOMMIT")
+    try:
+        start = time.perf_counter()
+        for i in range(n):
+            with producer.connect() as conn:
+                sqlaq.enqueue(conn, "noop", {"i": i})
+        rate = n / (time.perf_counter() - start)
+    finally:
+        producer.dispose()
+    if b.scalar("SELECT count(*) FROM sqlaq_jobs") != n:
+        raise RuntimeError("the autocommit enqueues did not all commit")
+    b.record("1. enqueue, 1 job/transaction, autocommit engine (jobs/s)", rate)
+    b.reset()
     b.record(
         "1. enqueue, 1 job/transaction, AsyncSession (jobs/s)",
         asyncio.run(_enqueue_async(b.engine.url, n)),
@@ -291,6 +305,17 @@ def enqueue_bulk(b: Bench) -> None:
                 raise RuntimeError(f"{name} wrote {written} of {n} jobs")
             label = "NewJobs built" if built else "incl. building NewJobs"
             b.record(f"2. {name} 20k, {label} (jobs/s)", rate)
+    # A batch of one kind (README, "Bulk of one kind"), in the peer bench's chunks of 1,000.
+    b.reset()
+    start = time.perf_counter()
+    for first in range(0, n, 1000):
+        with b.engine.begin() as conn:
+            batch = NewJob("noop").with_payloads([{"i": i} for i in range(first, first + 1000)])
+            sqlaq.enqueue_many(conn, batch)
+    rate = n / (time.perf_counter() - start)
+    if b.scalar("SELECT count(*) FROM sqlaq_jobs") != n:
+        raise RuntimeError("enqueue_many of JobBatches did not write every job")
+    b.record("2. enqueue_many of with_payloads batches, 1,000 a call (jobs/s)", rate)
 
 
 def drain(b: Bench) -> None:
