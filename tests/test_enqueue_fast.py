@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -60,6 +60,24 @@ def _rows(conn: Connection, ids: list[int]) -> list[Any]:
     )
 
 
+def _enqueue_in_one(
+    conn: Connection, jobs: Sequence[NewJob], marker: str = "jsonb_array_elements"
+) -> list[int]:
+    """Enqueue *jobs*, checking that they went as one statement holding *marker* (the
+    uniform one by default) and came back as new jobs, ids in input order; their ids."""
+    with statements(conn) as seen:
+        results = sqlaq.enqueue_many(conn, jobs)
+    assert len(seen) == 1
+    assert marker in seen[0][0]
+    ids = [r.job_id for r in results]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(jobs)
+    assert all(r.outcome is sqlaq.EnqueueOutcome.INSERTED and r.inserted for r in results)
+    assert not any(r.duplicate for r in results)
+    assert results[0] == sqlaq.EnqueueResult(ids[0])
+    return ids
+
+
 def test_a_single_enqueue_is_one_statement_compiled_once(conn: Connection) -> None:
     sqlaq.enqueue(conn, "warm", {"n": 0})  # the first compiles (or finds it compiled)
     with statements(conn) as seen:
@@ -79,15 +97,7 @@ def test_a_uniform_batch_is_one_statement_and_every_field_is_stored(conn: Connec
         "timeout": timedelta(seconds=30),
     }
     jobs = [NewJob("fast", payload, **shared) for payload in PAYLOADS * 3]
-    with statements(conn) as seen:
-        results = sqlaq.enqueue_many(conn, jobs)
-    assert len(seen) == 1
-    assert "jsonb_array_elements" in seen[0][0]
-    ids = [r.job_id for r in results]
-    assert ids == sorted(ids)
-    assert len(set(ids)) == len(jobs)
-    assert all(r.inserted and not r.duplicate for r in results)
-    assert results[0] == sqlaq.EnqueueResult(ids[0])
+    ids = _enqueue_in_one(conn, jobs)
     rows = _rows(conn, ids)
     for job, row in zip(jobs, rows, strict=True):
         assert row.payload == json.loads(job.payload_json)  # tuples come back as lists
@@ -135,13 +145,7 @@ def test_a_batch_whose_jobs_differ_in_more_than_the_payload_is_stored_the_same(
     args = [{"kind": "k", "payload": {"i": i}} for i in range(5)]
     args[3] = args[3] | odd
     jobs = [NewJob(**a) for a in args]
-    with statements(conn) as seen:
-        results = sqlaq.enqueue_many(conn, jobs)
-    assert len(seen) == 1
-    assert "unnest" in seen[0][0]
-    ids = [r.job_id for r in results]
-    assert ids == sorted(ids)
-    assert not any(r.duplicate for r in results)
+    ids = _enqueue_in_one(conn, jobs, "unnest")
     rows = _rows(conn, ids)
     for job, row in zip(jobs, rows, strict=True):
         assert (row.queue, row.kind, row.payload, row.priority, row.max_attempts) == (
@@ -276,14 +280,7 @@ def test_a_job_batch_is_one_statement_with_every_field_and_payload_stored(
     assert list(batch) == [dataclasses.replace(template, payload=p) for p in PAYLOADS * 2]
     assert batch[1] == dataclasses.replace(template, payload=PAYLOADS[1])
     assert batch[:2] == [dataclasses.replace(template, payload=p) for p in PAYLOADS[:2]]
-    with statements(conn) as seen:
-        results = sqlaq.enqueue_many(conn, batch)
-    assert len(seen) == 1
-    assert "jsonb_array_elements" in seen[0][0]
-    ids = [r.job_id for r in results]
-    assert ids == sorted(ids)
-    assert len(set(ids)) == len(batch)
-    assert all(r.outcome is sqlaq.EnqueueOutcome.INSERTED for r in results)
+    ids = _enqueue_in_one(conn, batch)
     rows = _rows(conn, ids)
     # The same rows as the same jobs sent as NewJob objects.
     twins = _rows(conn, [r.job_id for r in sqlaq.enqueue_many(conn, list(batch))])
