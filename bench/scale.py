@@ -15,8 +15,9 @@ and ``scale_starved`` starts a PostgreSQL server of its own): name them.
   ``finished_at`` of each tenth), the last tenth over the first, and the table's dead
   tuples and autovacuum runs (``pg_stat_user_tables``), sampled during the drain and
   after it until autovacuum has run (or 180 s). On a throwaway server with stock
-  settings (as ``scale_starved``'s), since the local one runs with autovacuum off; set
-  ``SQLAQ_BENCH_BACKLOG_HERE=1`` to drain on the bench's own server instead, and
+  settings (as ``scale_starved``'s), since the local one runs with autovacuum off.
+  ``SQLAQ_BENCH_NO_VACUUM=1`` runs the worker with ``--no-vacuum`` (autovacuum alone);
+  set ``SQLAQ_BENCH_BACKLOG_HERE=1`` to drain on the bench's own server instead, and
   ``SQLAQ_BENCH_SERVER_SETTINGS="autovacuum_naptime=10s ..."`` to set more of the
   throwaway server's settings.
 * ``scale_held_xmin``  ``SQLAQ_BENCH_HELD_JOBS`` (default 50,000) no-op jobs drained with
@@ -311,12 +312,19 @@ def drain_backlog(b: Any, worker: Spawn) -> None:
         if autovacuum == "on":
             naptime = conn.execute(text("SHOW autovacuum_naptime")).scalar_one()
             autovacuum = f"on, naptime {naptime}"
+    # SQLAQ_BENCH_NO_VACUUM=1: the worker leaves the table to autovacuum (--no-vacuum).
+    vacuum = [] if not os.environ.get("SQLAQ_BENCH_NO_VACUUM") else ["--no-vacuum"]
+    autovacuum += ", worker vacuum " + ("off" if vacuum else "on")
+    counts = text(
+        "SELECT autovacuum_count, vacuum_count FROM pg_stat_user_tables"
+        " WHERE relname = 'sqlaq_jobs'"
+    )
     with b.engine.connect() as conn:
-        before = conn.execute(
-            text("SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'sqlaq_jobs'")
-        ).scalar_one()
-    with table_stats(b.engine) as samples, worker(b, "--burst", *BEST, *QUIET) as wait:
+        before, manual_before = conn.execute(counts).one()
+    with table_stats(b.engine) as samples, worker(b, "--burst", *BEST, *QUIET, *vacuum) as wait:
         run = wait(3600)
+    with b.engine.connect() as conn:
+        manual = conn.execute(counts).one()[1] - manual_before
     check_once(b.engine, "noop", run.ledger)
     drained_at = time.monotonic()
     with table_stats(b.engine, every=1.0) as after:  # until autovacuum has run, or 180 s
@@ -339,6 +347,7 @@ def drain_backlog(b: Any, worker: Spawn) -> None:
     b.record(f"16. backlog {size}: last tenth / first tenth", rates[-1] / rates[0])
     b.record(f"16. backlog {size}: dead tuples, peak", max(s[2] for s in samples))
     b.record(f"16. backlog {size}: autovacuum runs during the drain", samples[-1][3] - before)
+    b.record(f"16. backlog {size}: the worker's vacuums during the drain", manual)
     b.record(f"16. backlog {size}: first autovacuum after the drain ended (s)", vacuumed)
     b.record(f"16. backlog {size}: dead tuples after it", after[-1][2])
     b.record(f"16. backlog {size}: load", float(load().split()[0]))

@@ -128,6 +128,10 @@ class WorkerConfig:
             None keeps them for ever.
         retain_failed: The leader deletes failed jobs finished longer ago; None keeps
             them for ever.
+        vacuum: During a deep drain, vacuum the jobs table when the jobs this worker
+            claimed have left enough dead row versions, without waiting for
+            autovacuum's next look (:mod:`sqlaq.worker.vacuum`; needs the table's
+            owner). False leaves it to autovacuum.
 
     Raises:
         ConfigError: an option has an unusable type or value; the message names it.
@@ -212,6 +216,14 @@ class WorkerConfig:
         metadata=_option(
             Duration(forever=True),
             "the leader deletes failed jobs finished longer ago; 'forever' keeps them",
+        ),
+    )
+    vacuum: bool = field(
+        default=True,
+        metadata=_option(
+            Boolean(),
+            "vacuum the jobs table during deep drains, not waiting for autovacuum "
+            "(--no-vacuum: autovacuum alone)",
         ),
     )
 

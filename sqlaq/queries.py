@@ -65,6 +65,7 @@ from sqlalchemy import (
     or_,
     select,
     table,
+    text,
     tuple_,
     update,
 )
@@ -74,6 +75,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.dialects.postgresql import Insert as PgInsert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.dml import ReturningDelete
+from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.types import UserDefinedType
 
 from sqlaq.encoding import NewJob, encode_payload
@@ -177,6 +179,8 @@ __all__ = [
     "try_lead_stmt",
     "unique_enqueue_stmt",
     "unique_holder_stmt",
+    "vacuum_need_stmt",
+    "vacuum_stmt",
     "wait_percentiles_stmt",
     "watch_job_stmt",
     "workers_stmt",
@@ -1421,6 +1425,44 @@ def try_lead_stmt() -> Select[Any]:
 def resign_stmt() -> Select[Any]:
     """``SELECT pg_advisory_unlock(<LEADER_LOCK>)``: give leadership up."""
     return select(func.pg_advisory_unlock(*_LEADER_KEY))
+
+
+# --- vacuum during deep drains (sqlaq.worker.vacuum) ---
+
+
+def vacuum_need_stmt() -> Any:
+    """One row: the jobs table's dead and live row versions by the statistics
+    (``pg_stat_user_tables.n_dead_tup``, ``n_live_tup``; 0 before any report) and
+    whether this role may ``VACUUM`` it (a member of its owner's role, or a superuser).
+    """
+    rel = table("pg_class", column("oid"), column("relowner"), schema="pg_catalog")
+    stats = table(
+        "pg_stat_user_tables",
+        column("relid"),
+        column("n_dead_tup"),
+        column("n_live_tup"),
+        schema="pg_catalog",
+    )
+    roles = table("pg_roles", column("rolname"), column("rolsuper"), schema="pg_catalog")
+    superuser = (
+        select(roles.c.rolsuper).where(roles.c.rolname == func.current_user()).scalar_subquery()
+    )
+    return (
+        select(
+            func.coalesce(stats.c.n_dead_tup, 0),
+            func.coalesce(stats.c.n_live_tup, 0),
+            or_(func.pg_has_role(rel.c.relowner, literal_column("'USAGE'")), superuser),
+        )
+        .select_from(rel.outerjoin(stats, stats.c.relid == rel.c.oid))
+        .where(rel.c.oid == cast(literal_column(f"'{jobs.fullname}'", Text), REGCLASS))
+    )
+
+
+def vacuum_stmt() -> TextClause:
+    """``VACUUM (SKIP_LOCKED) sqlaq_jobs``: skipped at once, not waited for, while
+    another vacuum (autovacuum's, another worker's) holds the table. Runs outside a
+    transaction: execute it on a connection in autocommit."""
+    return text(f"VACUUM (SKIP_LOCKED) {jobs.fullname}")
 
 
 # --- operators: paused queues and the workers' heartbeat rows ---

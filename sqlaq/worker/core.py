@@ -59,6 +59,7 @@ from sqlaq.worker.pacing import Pace
 from sqlaq.worker.run import Finished, JobResult, Run, timed_out
 from sqlaq.worker.runner import Runner
 from sqlaq.worker.transaction import Sessions
+from sqlaq.worker.vacuum import DrainVacuum
 from sqlaq.worker.writer import Batch, Writer, Written
 
 __all__ = ["FINAL_WRITE_SECONDS", "LISTENER_APPLICATION_NAME", "WORKER_APPLICATION_NAME", "Worker"]
@@ -150,6 +151,8 @@ class Worker:
             engine, registry, config, self.worker_id, self._back_off, self._recovered
         )
         self._writer = Writer(engine, self._wake.set)
+        #: Vacuums the jobs table during deep drains (None with ``vacuum`` off).
+        self.vacuum = DrainVacuum(engine) if config.vacuum else None
         sorts = {h.is_async for h in registry}
         self._sessions = Sessions(engine, registry, config.concurrency, sessionmaker)
         if self._sessions.concurrency != config.concurrency:  # the default, fitted to the pool
@@ -295,6 +298,8 @@ class Worker:
                 pace.claimed(room, len(claimed), monotonic() - started)
                 self._prefetch = pace.prefetch
             if claimed:
+                if self.vacuum is not None:
+                    self.vacuum.claimed(len(claimed))
                 self._dispatch(claimed)
         self._update_idle()
 
