@@ -10,11 +10,11 @@ and died at its first claim; ``sqlaq list`` on a schema one revision behind said
 from __future__ import annotations
 
 import io
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import login_role
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
@@ -64,23 +64,8 @@ def test_async_urls_run_on_psycopg_with_a_notice(
 def role(engine: Engine, database_url: str) -> Iterator[tuple[str, str]]:
     """A LOGIN role of the test's own (roles are cluster-wide: a unique name) and the
     suite's database URL as that role; dropped after the test, whatever happened."""
-    name = f"sqlaq_test_role_{uuid.uuid4().hex[:12]}"
-    password = uuid.uuid4().hex  # for a server with password authentication
-    url = make_url(database_url).set(username=name, password=password)
-    admin_engine = create_engine(database_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin_engine.connect() as conn:
-        conn.execute(text(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'"))
-    try:
-        yield name, url.render_as_string(hide_password=False)
-    finally:
-        with admin_engine.connect() as conn:
-            conn.execute(
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :n"),
-                {"n": name},
-            )
-            conn.execute(text(f'DROP OWNED BY "{name}"'))  # its grants in this database
-            conn.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
-        admin_engine.dispose()
+    with login_role(database_url, "sqlaq_test_role", grant_all=False) as made:
+        yield made
 
 
 def _grant(engine: Engine, role: str, grants: dict[str, str]) -> None:

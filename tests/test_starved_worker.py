@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -18,9 +17,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers import login_role
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.pool import NullPool
 from workerkit import libpq_url, rows, scalar, wait_until
 
 import sqlaq
@@ -32,28 +30,8 @@ def limited_role(committed: Engine, database_url: str) -> Iterator[tuple[str, st
     """A LOGIN role of the test's own with every privilege sqlaq's tables need; yields
     its name and the suite's database URL as that role; dropped afterwards (roles are
     cluster-wide), whatever happened. Set its limit with ``ALTER ROLE``."""
-    name = f"sqlaq_test_starved_{uuid.uuid4().hex[:12]}"
-    password = uuid.uuid4().hex  # for a server with password authentication
-    url = make_url(database_url).set(username=name, password=password)
-    admin = create_engine(database_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'"))
-        conn.execute(text(f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{name}"'))
-        conn.execute(text(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{name}"'))
-    try:
-        yield name, url.render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
-                    " WHERE usename = :n"
-                ),
-                {"n": name},
-            )
-            conn.execute(text(f'DROP OWNED BY "{name}"'))  # its grants in this database
-            conn.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
-        admin.dispose()
+    with login_role(database_url, "sqlaq_test_starved") as role:
+        yield role
 
 
 def limit_connections(engine: Engine, role: str, limit: int) -> None:

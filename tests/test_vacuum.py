@@ -5,12 +5,11 @@ that a draining worker does it by itself."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
+from helpers import login_role
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 import sqlaq
@@ -74,31 +73,9 @@ def test_a_look_counts_claimed_jobs_and_vacuums_as_the_owner(
 @pytest.fixture
 def other_role(committed: Engine, database_url: str) -> Iterator[str]:
     """The suite's database URL as a LOGIN role that may use sqlaq's tables but does
-    not own them; the role is dropped afterwards (roles are cluster-wide)."""
-    name = f"sqlaq_test_vacuum_{uuid.uuid4().hex[:12]}"
-    password = uuid.uuid4().hex
-    admin = create_engine(database_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'"))
-        conn.execute(text(f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{name}"'))
-    try:
-        yield (
-            make_url(database_url)
-            .set(username=name, password=password)
-            .render_as_string(hide_password=False)
-        )
-    finally:
-        with admin.connect() as conn:
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
-                    " WHERE usename = :n"
-                ),
-                {"n": name},
-            )
-            conn.execute(text(f'DROP OWNED BY "{name}"'))
-            conn.execute(text(f'DROP ROLE IF EXISTS "{name}"'))
-        admin.dispose()
+    not own them (dropped afterwards)."""
+    with login_role(database_url, "sqlaq_test_vacuum") as (_, url):
+        yield url
 
 
 def test_a_role_that_does_not_own_the_table_looks_once_and_leaves_it_to_autovacuum(
