@@ -21,12 +21,11 @@ connection.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import operator
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,7 +37,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlaq import queries, tracing
 from sqlaq.bounds import clamp_duration
 from sqlaq.drive import AUTOCOMMIT, Copy, Executor, Plan, Savepoint, operation
-from sqlaq.encoding import JobBatch, NewJob, check_dedupe_key, check_duration, check_name
+from sqlaq.encoding import (
+    JobBatch,
+    NewJob,
+    check_dedupe_key,
+    check_duration,
+    check_name,
+    slot_setters,
+)
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
@@ -375,16 +381,7 @@ _SHAPE = operator.attrgetter(
 _SHAPE_DEDUPE_KEY = 5
 
 
-def _setters(cls: type[Any]) -> tuple[Callable[[Any, Any], None], ...]:
-    """The setters of the frozen, slotted dataclass *cls*'s slots, in field order: its
-    objects built by the thousand from values a statement returned (results, claimed
-    jobs, leases) are made with ``object.__new__`` and these, where the generated
-    ``__init__`` goes through ``object.__setattr__`` (twice the cost).
-    ``tests/test_enqueue_fast.py`` checks the builders below against each class."""
-    return tuple(cls.__dict__[f.name].__set__ for f in dataclasses.fields(cls))
-
-
-_RESULT_SETTERS = _setters(EnqueueResult)
+_RESULT_SETTERS = slot_setters(EnqueueResult)
 
 
 def _inserted(ids: Iterable[int]) -> list[EnqueueResult]:
@@ -718,7 +715,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
     """
     # Positional unpacking: attribute access by name on Row costs several times more,
     # and a worker claims thousands of rows a second; the dataclasses are built without
-    # their __init__ (_setters), half the cost.
+    # their __init__ (encoding.slot_setters), half the cost.
     new_job, new_lease = _new_claimed_job, _new_lease
     claimed = [
         new_job(
@@ -757,12 +754,12 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
     return claimed
 
 
-_CLAIMED_SETTERS = _setters(ClaimedJob)
-_LEASE_SETTERS = _setters(Lease)
+_CLAIMED_SETTERS = slot_setters(ClaimedJob)
+_LEASE_SETTERS = slot_setters(Lease)
 
 
 def _new_lease(job_id: int, worker_id: UUID, token: UUID, attempt: int, expires: Any) -> Lease:
-    """``Lease(...)``, faster (see :func:`_setters`)."""
+    """``Lease(...)``, faster (see :func:`~sqlaq.encoding.slot_setters`)."""
     set_id, set_worker, set_token, set_attempt, set_expires = _LEASE_SETTERS
     lease = object.__new__(Lease)
     set_id(lease, job_id)
@@ -787,7 +784,8 @@ def _new_claimed_job(
     headers: dict[str, Any] | None,
     timeout: timedelta | None,
 ) -> ClaimedJob:
-    """``ClaimedJob(...)`` with every field given, faster (see :func:`_setters`)."""
+    """``ClaimedJob(...)`` with every field given, faster (see
+    :func:`~sqlaq.encoding.slot_setters`)."""
     (
         set_id,
         set_queue,

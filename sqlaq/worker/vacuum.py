@@ -46,7 +46,7 @@ DEAD_FRACTION = 0.1
 
 def needs_vacuum(dead: int, live: int) -> bool:
     """Whether a table with *dead* and *live* row versions is worth a vacuum now."""
-    return dead >= MIN_DEAD_ROWS and dead >= DEAD_FRACTION * live and dead > 0
+    return dead >= MIN_DEAD_ROWS and dead >= DEAD_FRACTION * live
 
 
 class DrainVacuum:
