@@ -73,7 +73,7 @@ class Runner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._loop_lock = threading.Lock()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[int, asyncio.Task[None]] = {}  # running async handlers, by id(run)
         self._waiting: deque[Run] = deque()  # async runs not started; the loop pops them
         self._blocking = 0  # sync runs submitted and not finished
         self._count_lock = threading.Lock()
@@ -180,14 +180,20 @@ class Runner:
             self._running += 1
             return True
 
-    def _leave(self) -> None:
+    def _leave(self, *, on_loop: bool = False) -> None:
+        """Give a place under the gate back; start a waiting async run in it. *on_loop*:
+        called in the loop's thread, which starts it at once (from another thread it
+        is a wake-up of the loop: a write to its self-pipe, and one more callback)."""
         with self._count:
             self._running -= 1
         if self._waiters:  # a waiter holds the gate until it waits: the notify lands
             with self._gate:
                 self._gate.notify()
-        if self._waiting and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._pump)
+        if self._waiting:
+            if on_loop:
+                self._pump()
+            elif self._loop is not None:
+                self._loop.call_soon_threadsafe(self._pump)
 
     # -- sync handlers -------------------------------------------------------------------
 
@@ -304,56 +310,60 @@ class Runner:
             except IndexError:  # withdrawn meanwhile
                 self._leave()
                 return
-            task = loop.create_task(self._run_one_async(run))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks[id(run)] = loop.create_task(self._run_one_async(run))
 
     async def _run_one_async(self, run: Run) -> None:
-        span = tracing.span_for(run)  # None without sqlaq[otel]
-        if run.context.cancelled:  # cancelled while it waited: never started
-            self._leave()
-            tracing.end(span, CANCELLED)
-            self._on_finished(Finished(run, CANCELLED, 0.0))
-            return
-        if run.handler is not None and run.handler.transaction:
+        try:
+            span = tracing.span_for(run)  # None without sqlaq[otel]
+            if run.context.cancelled:  # cancelled while it waited: never started
+                self._leave(on_loop=True)
+                tracing.end(span, CANCELLED)
+                self._on_finished(Finished(run, CANCELLED, 0.0))
+                return
+            if run.handler is not None and run.handler.transaction:
+                try:
+                    finished = await transaction.run_async(run, self._async_session_factory())
+                finally:
+                    self._leave(on_loop=True)
+                tracing.end(span, finished.outcome)
+                self._on_finished(finished)
+                return
+            # Each task runs in its own copy of the context, so this binding is the task's.
+            bind(run.context)
+            started = perf_counter()
+            error: BaseException | None = None
+            returned: object = None
             try:
-                finished = await transaction.run_async(run, self._async_session_factory())
+                if run.handler is not None:
+                    call = cast(Awaitable[object], run.handler.func(run.job.payload))
+                    timeout = run.timeout
+                    returned = await (call if timeout is None else bounded(call, timeout))
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    tracing.end(span, None)
+                    return  # this task was cancelled: the worker is closing, its job handed back
+                error = exc  # a sub-task's cancellation escaped the handler: a failure
+            except BaseException as exc:  # recorded on the job, like a sync handler's
+                error = exc
             finally:
-                self._leave()
+                self._leave(on_loop=True)
+            duration = perf_counter() - started
+            finished = Finished(run, decide(run.handler, run.job, error, returned), duration)
             tracing.end(span, finished.outcome)
             self._on_finished(finished)
-            return
-        # Each task runs in its own copy of the context, so this binding is the task's.
-        bind(run.context)
-        started = perf_counter()
-        error: BaseException | None = None
-        returned: object = None
-        try:
-            if run.handler is not None:
-                call = cast(Awaitable[object], run.handler.func(run.job.payload))
-                returned = await bounded(call, run.timeout)
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                tracing.end(span, None)
-                return  # this task was cancelled: the worker is closing, its job handed back
-            error = exc  # a sub-task's cancellation escaped the handler: a failure
-        except BaseException as exc:  # recorded on the job, like a sync handler's
-            error = exc
         finally:
-            self._leave()
-        duration = perf_counter() - started
-        finished = Finished(run, decide(run.handler, run.job, error, returned), duration)
-        tracing.end(span, finished.outcome)
-        self._on_finished(finished)
+            # Out of the running tasks at its end (a done callback would cost the loop
+            # one more callback per job).
+            self._tasks.pop(id(run), None)
 
     def _cancel_tasks(self, stop: bool) -> None:
         loop = asyncio.get_running_loop()
-        for task in self._tasks:
+        for task in self._tasks.values():
             task.cancel()
         if not stop:
             return
-        pending = list(self._tasks)
+        pending = list(self._tasks.values())
         if pending:
             done = asyncio.gather(*pending, return_exceptions=True)
             done.add_done_callback(lambda _f: loop.stop())
