@@ -26,18 +26,26 @@ a savepoint, an autocommit check, a COPY through the driver's own connection
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Coroutine, Mapping
+from datetime import timedelta
+from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 import psycopg
 from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, scoped_session
 
-from sqlaq import ops, periodic, queries, testing
+from sqlaq import ops, periodic, queries, results, testing
 from sqlaq.drive import AUTOCOMMIT, Copy, Executor, Plan, Savepoint, plan_of, public_name, with_conn
+from sqlaq.dsn import connection_params
 from sqlaq.errors import ConfigError
+from sqlaq.results import JobOutcome
+from sqlaq.schema import FINISH_CHANNEL
+from sqlaq.transient import describe
 
 __all__ = [
     "AsyncExecutor",
@@ -61,6 +69,7 @@ __all__ = [
     "retry",
     "snooze",
     "sweep",
+    "wait",
 ]
 
 P = ParamSpec("P")
@@ -229,3 +238,130 @@ async def assert_enqueued(
     return await conn.run_sync(
         testing.assert_enqueued, kind, payload=payload, queue=queue, count=count
     )
+
+
+# -- waiting for a job: sqlaq.results.waiting's steps, with async I/O -----------------------
+
+_log = logging.getLogger("sqlaq.results")
+
+
+async def wait(
+    conn_or_engine: AsyncEngine | AsyncConnection | AsyncSession,
+    job_id: int,
+    *,
+    timeout: timedelta | float,
+    poll_interval: timedelta | float = results.DEFAULT_POLL_INTERVAL,
+) -> JobOutcome:
+    """Awaitable :func:`sqlaq.wait`: wait until job *job_id* is done, failed or
+    cancelled, and return its outcome, without blocking the event loop.
+
+    The same waiting as :func:`sqlaq.wait` (:func:`sqlaq.results.waiting`: LISTEN, mark
+    the job ``awaited``, read it, then read again when its id is notified or every
+    *poll_interval*), on psycopg's async connection for the LISTEN (outside the pool,
+    made from the engine's URL, whichever async driver it names) and on connections of
+    the AsyncEngine's pool for the reads. The job must be committed.
+
+    Args:
+        conn_or_engine: An AsyncEngine, or an AsyncConnection or AsyncSession bound to
+            one (their transaction is left alone).
+        job_id: The job to wait for.
+        timeout: How long to wait at most (a timedelta, or seconds).
+        poll_interval: How often to read the job without a notification.
+
+    Raises:
+        WaitTimeoutError: the job did not finish in time (a :class:`TimeoutError`).
+        JobNotFoundError: no job has this id, or it is not committed yet.
+        InvalidJobError: *timeout* or *poll_interval* is not a usable duration.
+        ConfigError: *conn_or_engine* is not an async engine, connection or session.
+    """
+    steps = results.waiting(job_id, timeout=timeout, poll_interval=poll_interval)
+    engine = _async_engine_of(conn_or_engine)
+    async with _FinishListener(engine) as listener:
+        value: Any = None
+        while True:
+            try:
+                step = steps.send(value)
+            except StopIteration as done:
+                outcome: JobOutcome = done.value
+                return outcome
+            if isinstance(step, float):
+                value = await listener.wait_for(job_id, step)
+                continue
+            async with engine.connect() as conn:
+                await conn.execution_options(isolation_level=results.READ_COMMITTED)
+                value = await _run(conn, step)
+                await conn.commit()
+
+
+def _async_engine_of(target: object) -> AsyncEngine:
+    if isinstance(target, AsyncSession):
+        bind = target.bind
+        target = bind.engine if isinstance(bind, AsyncConnection) else bind
+    if isinstance(target, AsyncConnection):
+        return target.engine
+    if isinstance(target, AsyncEngine):
+        return target
+    raise ConfigError(
+        f"sqlaq.asyncio.wait needs an AsyncEngine, or an AsyncConnection or AsyncSession "
+        f"bound to one, got {type(target).__name__}: use sqlaq.wait with a sync one"
+    )
+
+
+class _FinishListener:
+    """The async twin of :class:`sqlaq.results._FinishListener`'s I/O: a psycopg
+    ``AsyncConnection`` in autocommit LISTENing on ``sqlaq_finished``, outside the
+    engine's pool. A lost connection is not an error: :meth:`wait_for` then sleeps (the
+    caller reads the job after each wait anyway) and reconnects on its next call."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._params = connection_params(engine.url, results.APPLICATION_NAME)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def __aenter__(self) -> _FinishListener:
+        await self._connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self._close()
+
+    async def wait_for(self, job_id: int, seconds: float) -> bool:
+        """Wait up to *seconds* for *job_id*'s notification; True if it came (False at
+        once after reconnecting: what was notified meanwhile is lost)."""
+        if self._conn is None:
+            if await self._connect():
+                return False
+            await asyncio.sleep(seconds)  # no listening connection: poll
+            return False
+        wanted = str(job_id)
+        try:
+            async for notify in self._conn.notifies(timeout=seconds):
+                if notify.payload == wanted:
+                    return True
+        except psycopg.Error as exc:
+            _log.warning("wait: listening connection lost, polling: %s", describe(exc))
+            await self._close()
+        return False
+
+    async def _connect(self) -> bool:
+        try:
+            conn = await psycopg.AsyncConnection.connect(**self._params, autocommit=True)
+        except psycopg.Error as exc:
+            _log.warning("wait: cannot listen for notifications, polling: %s", describe(exc))
+            return False
+        try:
+            await conn.execute(queries.listen_stmt(channel=FINISH_CHANNEL))
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+        return True
+
+    async def _close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await conn.close()

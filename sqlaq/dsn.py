@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import URL, Dialect, Engine
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 __all__ = ["KEEPALIVES", "connection_params"]
+
+#: Reads a URL as psycopg's ``connect()`` arguments.
+_PSYCOPG: Dialect = PGDialect_psycopg()  # type: ignore[no-untyped-call]
 
 #: TCP keepalives of a long-lived connection: a dead peer is noticed within a minute.
 KEEPALIVES = {
@@ -24,15 +28,18 @@ KEEPALIVES = {
 }
 
 
-def connection_params(engine: Engine, application_name: str) -> dict[str, Any]:
-    """psycopg ``connect()`` keyword arguments for the database *engine* points at.
+def connection_params(target: Engine | URL, application_name: str) -> dict[str, Any]:
+    """psycopg ``connect()`` keyword arguments for the database *target* points at: an
+    Engine, or the URL of any engine (an ``AsyncEngine``'s, asyncpg's included: the
+    connection is psycopg's whatever the URL's driver).
 
-    Taken from the engine's URL (``connect_args`` given to ``create_engine`` are not
-    visible from outside the pool, so put settings such as ``sslmode`` in the URL).
+    Taken from the URL (``connect_args`` given to ``create_engine`` are not visible
+    from outside the pool, so put settings such as ``sslmode`` in the URL).
     *application_name* is used unless the URL names one, so the backend is easy to find
     in ``pg_stat_activity``.
     """
-    _, params = engine.dialect.create_connect_args(engine.url)
+    url = target if isinstance(target, URL) else target.url
+    _, params = _PSYCOPG.create_connect_args(url.set(drivername="postgresql+psycopg"))
     params = {k: v for k, v in params.items() if k != "context"}
     params.setdefault("application_name", application_name)
     params.setdefault("connect_timeout", 10)

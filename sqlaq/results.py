@@ -12,7 +12,9 @@ This module owns the ``result`` and ``awaited`` columns' operations (revision
   ``awaited`` (only awaited jobs notify: the finish trigger's ``WHEN`` clause keeps
   every other job's completion free of it), reads the job once (it may have finished
   already), then waits for its id to arrive, reading again every ``poll_interval`` in
-  case a notification was lost with the listening connection.
+  case a notification was lost with the listening connection;
+* :func:`waiting` is that wait without its I/O, the steps both :func:`wait` and
+  :func:`sqlaq.asyncio.wait` run, each with its own connections.
 
 Like :mod:`sqlaq.ops`, :func:`complete_with_result` and :func:`result` run on the
 caller's Connection or Session and never commit. :func:`wait` is the exception by
@@ -27,6 +29,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -38,6 +41,7 @@ from sqlalchemy import Connection, Engine
 
 from sqlaq import queries
 from sqlaq.bounds import MAX_DURATION
+from sqlaq.drive import Plan, run
 from sqlaq.dsn import connection_params
 from sqlaq.encoding import check_duration, encode_value
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
@@ -57,6 +61,7 @@ __all__ = [
     "encode_result",
     "result",
     "wait",
+    "waiting",
 ]
 
 _log = logging.getLogger(__name__)
@@ -224,7 +229,8 @@ def wait(
     the engine of *conn_or_engine* (a Connection's or Session's is used, their
     transaction untouched). The listening connection is opened from the engine's URL
     (settings given as ``connect_args`` are not seen: put them in the URL) and is
-    closed on return, on timeout and on error.
+    closed on return, on timeout and on error. In an asyncio application, await
+    :func:`sqlaq.asyncio.wait` instead: this one blocks its thread.
 
     Args:
         conn_or_engine: An Engine, or a Connection or Session bound to one.
@@ -242,20 +248,63 @@ def wait(
         InvalidJobError: *timeout* or *poll_interval* is not a duration of at most 100
             years (zero is allowed for *timeout*: look once).
     """
+    steps = waiting(job_id, timeout=timeout, poll_interval=poll_interval)
+    engine = _engine_of(conn_or_engine)
+    with _FinishListener(engine) as listener:
+        value: Any = None
+        while True:
+            try:
+                step = steps.send(value)
+            except StopIteration as done:
+                outcome: JobOutcome = done.value
+                return outcome
+            if isinstance(step, float):
+                value = listener.wait_for(job_id, step)
+                continue
+            with engine.connect() as conn:
+                conn = conn.execution_options(isolation_level=READ_COMMITTED)
+                value = run(conn, step)
+                conn.commit()
+
+
+#: What :func:`waiting` yields: a plan to run on a connection of the waiter's own (in
+#: READ COMMITTED, committed after it), or how many seconds to listen for the job's id.
+WaitStep: TypeAlias = "Plan[JobOutcome] | float"
+#: The isolation of the waiter's reads: each statement sees what committed before it.
+READ_COMMITTED = "READ COMMITTED"
+
+
+def waiting(
+    job_id: int, *, timeout: timedelta | float, poll_interval: timedelta | float
+) -> Generator[WaitStep, Any, JobOutcome]:
+    """How :func:`wait` (and :func:`sqlaq.asyncio.wait`) waits, without its I/O.
+
+    The arguments are checked now, before anything connects; the generator then yields
+    the steps: a plan (run it, send back its :class:`JobOutcome`), or seconds to
+    listen (send back anything). It returns the finished outcome, or raises
+    :class:`WaitTimeoutError` once *timeout* has passed.
+
+    Raises:
+        ConfigError: *job_id* is not a bigint.
+        InvalidJobError: *timeout* or *poll_interval* is not a usable duration.
+    """
     _check_id(job_id)
     limit = _duration("timeout", timeout, allow_zero=True)
     every = _duration("poll_interval", poll_interval, allow_zero=False).total_seconds()
-    engine = _engine_of(conn_or_engine)
+    return _waiting(job_id, limit, every)
+
+
+def _waiting(job_id: int, limit: timedelta, every: float) -> Generator[WaitStep, Any, JobOutcome]:
     deadline = time.monotonic() + limit.total_seconds()
-    with _FinishListener(engine) as listener:  # listening before the flag: none is missed
-        outcome = _watch(engine, job_id)
-        while not outcome.finished:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise WaitTimeoutError(outcome, limit)
-            listener.wait_for(job_id, min(every, remaining))
-            outcome = _read(engine, job_id)
-        return outcome
+    # The driver listens before this first step: no notification is missed.
+    outcome: JobOutcome = yield _watch(job_id)
+    while not outcome.finished:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise WaitTimeoutError(outcome, limit)
+        yield float(min(every, remaining))
+        outcome = yield _read(job_id)
+    return outcome
 
 
 def _outcome(row: Any) -> JobOutcome:
@@ -300,18 +349,15 @@ def _engine_of(target: object) -> Engine:
     )
 
 
-def _watch(engine: Engine, job_id: int) -> JobOutcome:
-    """Mark the job awaited (if pending and not yet awaited) and read it; committed at
-    once: the flag, until committed, locks the row against the completion it waits for."""
-    with engine.connect() as conn:
-        # Two statements, each with a snapshot of its own: the read after a no-op flag
-        # sees a completion that committed meanwhile (the engine may default to
-        # REPEATABLE READ, which would not).
-        conn = conn.execution_options(isolation_level="READ COMMITTED")
-        row = conn.execute(_WATCH, {"b_id": job_id}).first()
-        if row is None:
-            row = conn.execute(_OUTCOME, {"b_id": job_id}).first()
-        conn.commit()
+def _watch(job_id: int) -> Plan[JobOutcome]:
+    """Mark the job awaited (if pending and not yet awaited) and read it. Run in READ
+    COMMITTED and committed at once: the flag, until committed, locks the row against
+    the completion it waits for; and the read after a no-op flag, a statement with a
+    snapshot of its own, sees a completion that committed meanwhile."""
+    params = {"b_id": job_id}
+    row = (yield _WATCH, params).first()
+    if row is None:
+        row = (yield _OUTCOME, params).first()
     if row is None:
         raise JobNotFoundError(
             job_id, ", or is not committed yet (wait reads on connections of its own)"
@@ -319,10 +365,8 @@ def _watch(engine: Engine, job_id: int) -> JobOutcome:
     return _outcome(row)
 
 
-def _read(engine: Engine, job_id: int) -> JobOutcome:
-    with engine.connect() as conn:
-        row = conn.execute(_OUTCOME, {"b_id": job_id}).first()
-        conn.rollback()
+def _read(job_id: int) -> Plan[JobOutcome]:
+    row = (yield _OUTCOME, {"b_id": job_id}).first()
     if row is None:  # deleted while we waited (a host's ON DELETE CASCADE, a manual DELETE)
         raise JobNotFoundError(job_id, ", or was deleted while being waited for")
     return _outcome(row)

@@ -30,6 +30,8 @@ SYNC = {
 HELPERS = {"enqueued_jobs", "assert_enqueued"}
 #: What sqlaq/asyncio.py exports that is not an operation.
 NOT_OPERATIONS = {"AsyncExecutor", "asynchronous"}
+#: sqlaq.wait's twin: the steps of sqlaq.results.waiting, with async I/O.
+WAITERS = {"wait"}
 
 
 def test_every_operation_has_its_async_twin_and_nothing_else_is_there() -> None:
@@ -52,7 +54,7 @@ def test_every_operation_has_its_async_twin_and_nothing_else_is_there() -> None:
         "sweep",
         "enqueue_periodic",
     }
-    assert set(aq.__all__) - NOT_OPERATIONS - HELPERS == set(SYNC)
+    assert set(aq.__all__) - NOT_OPERATIONS - HELPERS - WAITERS == set(SYNC)
     assert aq.__all__ == sorted(aq.__all__, key=lambda n: (not n[0].isupper(), n))
 
 
@@ -111,6 +113,37 @@ def test_sqlaq_asyncio_holds_a_driver_and_twins_only() -> None:
     for helper in helpers:  # the sync helper, through run_sync, and nothing more
         assert len(_calls_named(helper, "run_sync")) == 1
         assert not _calls_named(helper, "execute")
+    for node in tree.body:  # a class here is I/O only: the wait's listener, its LISTEN
+        if isinstance(node, ast.ClassDef):
+            for call in _calls_named(node, "execute"):
+                (statement,) = call.args
+                assert isinstance(statement, ast.Call), node.name
+                assert isinstance(statement.func, ast.Attribute), node.name
+                assert statement.func.attr == "listen_stmt", node.name
+
+
+def test_the_async_wait_takes_its_steps_from_the_sync_waits_logic() -> None:
+    """sqlaq.asyncio.wait and sqlaq.wait both run sqlaq.results.waiting's steps; the
+    reads are plans run by each driver, the deadline and the timeout error are there."""
+    for module, name in (("asyncio.py", "wait"), ("results.py", "wait")):
+        tree = ast.parse((PACKAGE / module).read_text())
+        (waiter,) = [
+            n
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name
+        ]
+        called = {
+            c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", "")
+            for c in ast.walk(waiter)
+            if isinstance(c, ast.Call)
+        }
+        assert "waiting" in called, module
+        assert {"_run", "run"} & called, module  # the plans, through the driver
+        assert "execute" not in called, module
+        assert "WaitTimeoutError" not in called, module
+    sync, twin = inspect.signature(sqlaq.wait), inspect.signature(aq.wait)
+    assert list(sync.parameters)[1:] == list(twin.parameters)[1:]
+    assert inspect.iscoroutinefunction(aq.wait)
 
 
 def test_operations_never_touch_a_connection_themselves() -> None:
