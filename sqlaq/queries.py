@@ -59,6 +59,7 @@ from sqlalchemy import (
     column,
     delete,
     exists,
+    false,
     func,
     literal_column,
     null,
@@ -1433,7 +1434,9 @@ def resign_stmt() -> Select[Any]:
 def vacuum_need_stmt() -> Any:
     """One row: the jobs table's dead and live row versions by the statistics
     (``pg_stat_user_tables.n_dead_tup``, ``n_live_tup``; 0 before any report) and
-    whether this role may ``VACUUM`` it (a member of its owner's role, or a superuser).
+    whether this role may ``VACUUM`` it: a member of its owner's role, a superuser, or,
+    on PostgreSQL 17 and later, a role granted ``MAINTAIN`` on it (asked only there:
+    older servers do not know the privilege's name).
     """
     rel = table("pg_class", column("oid"), column("relowner"), schema="pg_catalog")
     stats = table(
@@ -1447,11 +1450,18 @@ def vacuum_need_stmt() -> Any:
     superuser = (
         select(roles.c.rolsuper).where(roles.c.rolname == func.current_user()).scalar_subquery()
     )
+    maintain = case(
+        (
+            cast(func.current_setting(literal_column("'server_version_num'")), Integer) >= 170000,
+            func.has_table_privilege(rel.c.oid, literal_column("'MAINTAIN'")),
+        ),
+        else_=false(),
+    )
     return (
         select(
             func.coalesce(stats.c.n_dead_tup, 0),
             func.coalesce(stats.c.n_live_tup, 0),
-            or_(func.pg_has_role(rel.c.relowner, literal_column("'USAGE'")), superuser),
+            or_(func.pg_has_role(rel.c.relowner, literal_column("'USAGE'")), superuser, maintain),
         )
         .select_from(rel.outerjoin(stats, stats.c.relid == rel.c.oid))
         .where(rel.c.oid == cast(literal_column(f"'{jobs.fullname}'", Text), REGCLASS))

@@ -14,9 +14,10 @@ when the dead ones are at least :data:`MIN_DEAD_ROWS` and a tenth of the live on
 runs ``VACUUM (SKIP_LOCKED)`` on a connection of its own, in a daemon thread, while its
 claims go on. A vacuum of a million-row table with 200,000 dead versions takes about a
 tenth of a second on the benchmark's machine. ``SKIP_LOCKED``: while autovacuum or
-another worker is vacuuming the table, this one skips at once. Only the table's owner
-(or a superuser) may vacuum it: a worker whose role may not finds it out at its first
-look, says so once, and leaves the table to autovacuum. ``--no-vacuum``
+another worker is vacuuming the table, this one skips at once. Only the table's owner,
+a superuser, or (PostgreSQL 17 and later) a role granted ``MAINTAIN`` on it may vacuum
+it: a worker whose role may not finds it out at its first look, says so once, and
+leaves the table to autovacuum. ``--no-vacuum``
 (``WorkerConfig(vacuum=False)``) turns it off. Nothing here ever stops the worker: an
 error is logged and the next look tries again.
 """
@@ -90,8 +91,9 @@ class DrainVacuum:
                 if not allowed:
                     self._refused = True
                     _log.info(
-                        "not vacuuming the jobs table during drains: this role does not own "
-                        "it; autovacuum alone keeps it (see README, Autovacuum)"
+                        "not vacuuming the jobs table during drains: this role neither owns "
+                        "it nor holds MAINTAIN on it (PostgreSQL 17+); autovacuum alone "
+                        "keeps it (see README, Autovacuum)"
                     )
                     return
                 if not needs_vacuum(dead, live):
