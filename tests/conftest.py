@@ -22,15 +22,17 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_fixed
 
@@ -189,3 +191,17 @@ def committed(engine: Engine) -> Iterator[Engine]:
     finally:
         with engine.begin() as c:
             c.execute(text(TRUNCATE))
+
+
+@pytest_asyncio.fixture(params=["psycopg", "asyncpg"])
+async def async_engine(
+    request: pytest.FixtureRequest, committed: Engine, database_url: str
+) -> AsyncIterator[AsyncEngine]:
+    """An async engine on the suite's (migrated, emptied) database, once per async
+    driver: psycopg's async connection and asyncpg."""
+    url = make_url(database_url).set(drivername=f"postgresql+{request.param}")
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()

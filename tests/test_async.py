@@ -28,17 +28,14 @@ from sqlalchemy import (
     Table,
     text,
 )
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
     async_scoped_session,
     async_sessionmaker,
-    create_async_engine,
 )
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
-from sqlalchemy.pool import NullPool
 from workerkit import libpq_url
 
 import sqlaq
@@ -51,19 +48,6 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
 LEASE = timedelta(seconds=30)
 AsyncExecutor = Any  # AsyncConnection | AsyncSession, as the fixture gives it
-
-
-@pytest_asyncio.fixture(params=["psycopg", "asyncpg"])
-async def async_engine(
-    request: pytest.FixtureRequest, committed: Engine, database_url: str
-) -> AsyncIterator[AsyncEngine]:
-    """An async engine on the suite's (migrated, emptied) database, per driver."""
-    url = make_url(database_url).set(drivername=f"postgresql+{request.param}")
-    engine = create_async_engine(url, poolclass=NullPool)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 @pytest_asyncio.fixture(params=["connection", "session"])

@@ -10,10 +10,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 import sqlaq
 import sqlaq.asyncio as aq
@@ -24,22 +22,15 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 HOUR = timedelta(hours=1)
 
 
-@pytest_asyncio.fixture(params=["psycopg", "asyncpg"])
-async def aconn(
-    request: pytest.FixtureRequest, committed: Engine, database_url: str
-) -> AsyncIterator[AsyncConnection]:
+@pytest_asyncio.fixture
+async def aconn(async_engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """An AsyncConnection per driver, in a transaction rolled back after the test."""
-    url = make_url(database_url).set(drivername=f"postgresql+{request.param}")
-    engine: AsyncEngine = create_async_engine(url, poolclass=NullPool)
-    try:
-        async with engine.connect() as conn:
-            await conn.begin()
-            try:
-                yield conn
-            finally:
-                await conn.rollback()
-    finally:
-        await engine.dispose()
+    async with async_engine.connect() as conn:
+        await conn.begin()
+        try:
+            yield conn
+        finally:
+            await conn.rollback()
 
 
 async def _scalar(conn: AsyncConnection, sql: str) -> Any:

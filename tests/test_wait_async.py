@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from workerkit import wait_until
 
 import sqlaq
@@ -28,19 +24,6 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
 #: Long enough that a wait which returns sooner was not served by a poll.
 POLL = timedelta(seconds=20)
-
-
-@pytest_asyncio.fixture(params=["psycopg", "asyncpg"])
-async def async_engine(
-    request: pytest.FixtureRequest, committed: Engine, database_url: str
-) -> AsyncIterator[AsyncEngine]:
-    """An async engine on the suite's (migrated, emptied) database, per driver."""
-    url = make_url(database_url).set(drivername=f"postgresql+{request.param}")
-    engine = create_async_engine(url, poolclass=NullPool)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 @pytest.fixture
