@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
-from workerkit import wait_until
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient
@@ -53,10 +52,13 @@ def test_an_order_and_its_job_commit_together_and_the_lifespan_worker_ships_it(s
     with TestClient(create_app(async_url, worker=True)) as client:
         created = client.post("/orders", json={"item": "teapot"})
         assert created.status_code == 200
-        order_id = created.json()["order_id"]
-        wait_until(
-            lambda: client.get(f"/orders/{order_id}").json()["shipped"], 20, "the order shipped"
-        )
+        order_id, job_id = created.json()["order_id"], created.json()["job_id"]
+        # The endpoint awaits sqlaq.asyncio.wait: it answers when the lifespan's worker
+        # (on the same event loop) has shipped the order.
+        finished = client.get(f"/jobs/{job_id}", params={"wait_seconds": 20})
+        assert (finished.status_code, finished.json()["status"]) == (200, "done")
+        assert client.get(f"/orders/{order_id}").json()["shipped"] is True
+        assert client.get("/jobs/987654321").status_code == 404
         refused = client.post("/orders", json={"item": "kettle", "fail_after_enqueue": True})
         assert refused.status_code == 409
     # The refused request left neither its order nor its job; the first left both.
@@ -76,6 +78,8 @@ def test_without_its_worker_the_app_only_enqueues(shop: str) -> None:
 
     async_url = shop.replace("postgresql+psycopg://", "postgresql+asyncpg://")
     with TestClient(create_app(async_url, worker=False)) as client:
-        order_id = client.post("/orders", json={"item": "cup"}).json()["order_id"]
-        assert client.get(f"/orders/{order_id}").json()["shipped"] is False
+        created = client.post("/orders", json={"item": "cup"}).json()
+        assert client.get(f"/orders/{created['order_id']}").json()["shipped"] is False
+        pending = client.get(f"/jobs/{created['job_id']}", params={"wait_seconds": 0.2})
+        assert (pending.status_code, pending.json()["status"]) == (202, "queued")
     assert counts(shop) == (1, 1)

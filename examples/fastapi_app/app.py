@@ -4,6 +4,8 @@
 ``AsyncSession`` transaction: both commit, or (an error in the endpoint) neither. A
 worker runs inside the app's lifespan, on the app's event loop; ``ship_order`` is a
 transactional handler, so marking the order shipped commits with the job's ``done``.
+``GET /jobs/{job_id}?wait=5`` waits up to 5 s for the job to finish
+(``sqlaq.asyncio.wait``: woken by its notification, the event loop free meanwhile).
 
 Run it (the database must have sqlaq's tables and ``orders``: ``init_database`` makes
 them)::
@@ -22,14 +24,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Response
 from pydantic import BaseModel
 from sqlalchemy import Engine, String
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 import sqlaq
-from sqlaq.asyncio import enqueue
+from sqlaq.asyncio import enqueue, wait
 
 DATABASE_URL = os.environ.get(
     "DATABASE_URL", "postgresql+psycopg_async://postgres@127.0.0.1:5432/shop"
@@ -108,10 +110,10 @@ def create_app(database_url: str = DATABASE_URL, *, worker: bool | None = None) 
             order = Order(item=body.item)
             db.add(order)
             await db.flush()
-            await enqueue(db, "ship_order", {"order_id": order.id})
+            job = await enqueue(db, "ship_order", {"order_id": order.id})
             if body.fail_after_enqueue:
                 raise HTTPException(status_code=409, detail="refused: nothing was saved")
-        return {"order_id": order.id}
+        return {"order_id": order.id, "job_id": job.job_id}
 
     @app.get("/orders/{order_id}")
     async def read_order(order_id: int, db: Db) -> dict[str, Any]:
@@ -119,6 +121,19 @@ def create_app(database_url: str = DATABASE_URL, *, worker: bool | None = None) 
         if order is None:
             raise HTTPException(status_code=404, detail="no such order")
         return {"order_id": order.id, "item": order.item, "shipped": order.shipped}
+
+    @app.get("/jobs/{job_id}")
+    async def read_job(job_id: int, response: Response, wait_seconds: float = 0.0) -> Any:
+        """The job's outcome, once it finished or *wait_seconds* (``?wait_seconds=5``)
+        have passed: 202 while it is still pending, 404 for no such job."""
+        try:
+            outcome = await wait(engine, job_id, timeout=wait_seconds)
+        except sqlaq.WaitTimeoutError as pending:
+            response.status_code = 202
+            outcome = pending.outcome
+        except sqlaq.JobNotFoundError:
+            raise HTTPException(status_code=404, detail="no such job") from None
+        return {"job_id": job_id, "status": str(outcome.status), "error": outcome.error}
 
     return app
 
