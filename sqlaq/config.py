@@ -131,7 +131,8 @@ class WorkerConfig:
         vacuum: During a deep drain, vacuum the jobs table when the jobs this worker
             claimed have left enough dead row versions, without waiting for
             autovacuum's next look (:mod:`sqlaq.worker.vacuum`; needs the table's
-            owner). False leaves it to autovacuum.
+            owner, or ``MAINTAIN`` on it on PostgreSQL 17+). False leaves it to
+            autovacuum.
 
     Raises:
         ConfigError: an option has an unusable type or value; the message names it.

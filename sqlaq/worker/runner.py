@@ -308,7 +308,7 @@ class Runner:
             try:
                 run = self._waiting.popleft()
             except IndexError:  # withdrawn meanwhile
-                self._leave()
+                self._leave(on_loop=True)
                 return
             self._tasks[id(run)] = loop.create_task(self._run_one_async(run))
 
