@@ -12,7 +12,8 @@ Each concurrent responsibility is a part with one inbox; the run thread (the cal
                                 the server refuses is written row by row  (writer.py)
     leases       (run thread)   what is held, keyed by claim token; every lost and
                                 cancelled decision; the heartbeat  (leases.py)
-    listener     (its thread)   LISTEN: new jobs, cancels of running ones  (listener.py)
+    listener     (run thread; a thread of its own only to connect)
+                                LISTEN: new jobs, cancels of running ones  (listener.py)
     maintenance  (its thread)   periodic jobs; the leader's sweep and retention
 
 A turn: collect finished runs and notifications, settle the batch the writer wrote,
@@ -54,7 +55,7 @@ from sqlaq.schema import CANCEL_CHANNEL, CHANNEL
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
 from sqlaq.worker.fetcher import Fetcher
 from sqlaq.worker.leases import Leases
-from sqlaq.worker.listener import Listener, connection_params
+from sqlaq.worker.listener import Listener, Waker, connection_params
 from sqlaq.worker.pacing import Pace
 from sqlaq.worker.run import Finished, JobResult, Run, timed_out
 from sqlaq.worker.runner import Runner
@@ -133,13 +134,14 @@ class Worker:
         self._registry = registry
         self._on_job_finished = on_job_finished
         self._on_job_started = on_job_started
-        self._wake = threading.Event()  # an outcome, a written batch, a notification, a stop
+        # An outcome, a written batch, a notification, a stop; the LISTEN socket beside it.
+        self._wake = Waker()
         self._stopping = threading.Event()
         self._interrupt = threading.Event()  # cuts a database backoff short
         self._forced = False
         # Inboxes filled by other threads (deque.append is atomic).
         self._finished: deque[Finished] = deque()  # the runner's
-        self._woken: deque[str | None] = deque()  # the listener's: queues
+        self._woken: deque[str | None] = deque()  # the listener's: queues (None: all)
         self._cancels: deque[int] = deque()  # the listener's: job ids
         self._unwritten: list[tuple[Finished, Outcome]] = []  # not yet handed to the writer
         self._writing: Batch | None = None  # handed to the writer, not yet settled
@@ -252,6 +254,7 @@ class Worker:
 
     def _start(self) -> None:
         config = self.config
+        self._wake.open()
         _log.info(
             "worker started",
             extra={"worker_id": str(self.worker_id), "queues": list(config.queues)},
@@ -261,7 +264,7 @@ class Worker:
             engine = direct_engine(direct, LISTENER_APPLICATION_NAME) if direct else self._engine
             params = connection_params(engine, LISTENER_APPLICATION_NAME)
             statement = queries.listen_stmt(channel=(CHANNEL, CANCEL_CHANNEL))
-            self._listener = Listener(params, statement, self._notified)
+            self._listener = Listener(params, statement, self._notified, self._wake.set)
             self._listener.start()
         if not config.burst:  # with maintenance off, it keeps the heartbeat row only
             self._maintenance = Maintenance(
@@ -278,6 +281,8 @@ class Worker:
     def _step(self, *, claiming: bool) -> None:
         """One turn: settle what the writer wrote, hand it the next batch, claim."""
         self._wake.clear()  # before looking, so an event after the look is not missed
+        if self._listener is not None:
+            self._listener.read()  # notifications: into _woken and _cancels
         self._collect()
         if self._writing is not None and self._writing.done.is_set():
             self._settle_batch()
@@ -481,12 +486,14 @@ class Worker:
         deadlines = [] if until is None else [until]
         if claimable:
             deadlines.append(self._fetcher.next_wake())
-        timeout = self._runner.next_deadline()
-        if timeout is not None:
-            deadlines.append(timeout)
+        expiry = self._runner.next_deadline()
+        if expiry is not None:
+            deadlines.append(expiry)
         if self._leases and writing is None:
             deadlines.append(self._leases.next_renewal())  # (a busy writer wakes us)
-        self._wake.wait(max(0.0, min(deadlines) - monotonic()) if deadlines else None)
+        timeout = max(0.0, min(deadlines) - monotonic()) if deadlines else None
+        listener = self._listener
+        self._wake.wait(timeout, listener.fileno() if listener is not None else None)
 
     def _quiet(self) -> bool:
         return not (
@@ -514,14 +521,13 @@ class Worker:
             self._wake.set()
 
     def _notified(self, channel: str | None, payload: str | None) -> None:
-        # From the listener's thread: (None, None) after (re)connecting.
+        # From Listener.read, on this thread, right before _collect; (None, None) from
+        # the listener's thread after it (re)connected, which then wakes this one.
         if channel == CANCEL_CHANNEL:
             if payload and payload.isdigit():
                 self._cancels.append(int(payload))
-                self._wake.set()
         elif payload is None or payload in self.config.queues:
             self._woken.append(payload)
-            self._wake.set()
 
     def _back_off(self, error: BaseException) -> None:
         self._db_failures += 1
@@ -626,6 +632,7 @@ class Worker:
         self._fetcher.close()
         self._runner.close()
         self._sessions.close()
+        self._wake.close()
         if self._own_engine:
             self._engine.dispose()
         _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})

@@ -1,19 +1,30 @@
 """The LISTEN connection and the wake-up signal; knows nothing of jobs.
 
 This module owns one raw psycopg connection in autocommit, outside any SQLAlchemy pool
-(a pooled connection would be reset, and a LISTEN lost, on return), and one daemon
-thread that waits on it with ``conn.notifies(timeout=...)``. Each notification's payload
-is handed to a callback with its channel; what it means is the caller's business.
+(a pooled connection would be reset, and a LISTEN lost, on return), and the
+:class:`Waker` the worker's run thread sleeps on.
 
-When the connection dies (the server restarted, the backend was terminated) the thread
-reconnects with exponential backoff (tenacity), LISTENs again, and then calls the
-callback with ``None``: notifications sent while it was down are lost, so the caller
-should look for work once. It must not run any statement but the LISTEN it is given.
+The connection is *read by its owner*, the thread that sleeps on the waker (the
+worker's run thread): it waits on the connection's socket and the waker's at once, and
+:meth:`Listener.read` hands each notification's channel and payload to a callback on that
+thread. A notification therefore wakes the thread that claims, with no other thread in
+between (a thread hand-off costs 0.05-0.09 ms on this kind of box: ``bench/RESULTS.md``,
+"The wake-up").
+
+Connecting is the job of a daemon thread of the listener's own, since a connection
+attempt can block for its timeout: it connects, LISTENs, publishes the connection, and
+waits until the owner reports it lost (or :meth:`Listener.stop`). Then it reconnects
+with exponential backoff (tenacity), LISTENs again, and calls the callback with
+``(None, None)``: notifications sent while it was down are lost, so the caller should
+look for work once. No statement but the LISTEN it is given ever runs on it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import select
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -22,10 +33,11 @@ from typing import Any
 import psycopg
 import psycopg.sql
 import tenacity
+from psycopg.pq import ConnStatus
 
 from sqlaq.dsn import connection_params
 
-__all__ = ["Listener", "connection_params"]
+__all__ = ["Listener", "Waker", "connection_params"]
 
 _log = logging.getLogger(__name__)
 
@@ -34,20 +46,88 @@ _log = logging.getLogger(__name__)
 OnNotify = Callable[[str | None, str | None], None]
 
 DEFAULT_APPLICATION_NAME = "sqlaq-listener"
-# How long one wait for notifications lasts: the bound on how late stop() is noticed.
-_WAIT_SECONDS = 0.25
 _RECONNECT_INITIAL_SECONDS = 0.1
 
 
+class Waker:
+    """A flag any thread sets and one thread sleeps on, with a socket beside it.
+
+    Like :class:`threading.Event` (``set``, ``is_set``, ``clear``, ``wait``), except
+    that :meth:`wait` also returns when another socket (the LISTEN connection's) is
+    readable: a socket pair carries the flag to ``select``. :meth:`set` writes to it only
+    when the flag was clear, so a busy sleeper costs its setters one check, not a system
+    call each. Only one thread waits and clears; :meth:`open` and :meth:`close` are that
+    thread's; :meth:`set` is safe from any thread at any time (before :meth:`open` and
+    after :meth:`close` it only raises the flag, which :meth:`wait` checks first).
+    """
+
+    def __init__(self) -> None:
+        self._set = False
+        self._reader: socket.socket | None = None
+        self._writer: socket.socket | None = None
+
+    def open(self) -> None:
+        """Create the socket pair (the waiting thread, before it first waits)."""
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        self._reader, self._writer = reader, writer
+
+    def close(self) -> None:
+        """Close the socket pair (the waiting thread, after it last waits)."""
+        reader, writer = self._reader, self._writer
+        self._reader = self._writer = None
+        for sock in (reader, writer):
+            if sock is not None:
+                sock.close()
+
+    def set(self) -> None:
+        """Raise the flag and wake the sleeper; safe from any thread."""
+        if self._set:
+            return
+        self._set = True
+        writer = self._writer
+        if writer is not None:
+            # Full (a wake is pending anyway) or closed (nobody waits any more): no matter.
+            with contextlib.suppress(OSError):
+                writer.send(b"\0")
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def clear(self) -> None:
+        """Lower the flag. The pair is drained first: a :meth:`set` between the two
+        leaves a byte behind (one spurious wake), never a raised flag with nothing to
+        wake the sleeper."""
+        reader = self._reader
+        if reader is not None:
+            try:
+                while reader.recv(4096):
+                    pass
+            except OSError:  # empty (BlockingIOError)
+                pass
+        self._set = False
+
+    def wait(self, timeout: float | None, fileno: int | None = None) -> None:
+        """Sleep until :meth:`set`, until *fileno* is readable, or *timeout* seconds."""
+        reader = self._reader
+        if self._set or reader is None:
+            return
+        watched: list[Any] = [reader] if fileno is None else [reader, fileno]
+        select.select(watched, [], [], timeout)
+
+
 class Listener:
-    """LISTENs on a dedicated connection in a daemon thread and reports notifications.
+    """LISTENs on a dedicated connection that its owner reads (see the module's text).
 
     Args:
         params: psycopg ``connect()`` keyword arguments (see :func:`connection_params`).
         statement: The LISTEN statement to run on each (re)connection.
-        on_notify: Called (in the listener's thread) with each notification's channel
-            and payload, and with (None, None) after each successful (re)connection.
-            Keep it quick.
+        on_notify: Called with each notification's channel and payload (by
+            :meth:`read`, on the owner's thread), and with (None, None) after each
+            successful (re)connection (on the listener's thread). Keep it quick.
+        wake: Wakes the owner (its :meth:`Waker.set`): called once a new connection is
+            published, so the owner waits on its socket.
         max_backoff: The longest wait between reconnection attempts.
     """
 
@@ -56,14 +136,19 @@ class Listener:
         params: Mapping[str, Any],
         statement: psycopg.sql.Composed,
         on_notify: OnNotify,
+        wake: Callable[[], None],
         *,
         max_backoff: timedelta = timedelta(seconds=5),
     ) -> None:
         self._params = dict(params)
         self._statement = statement
         self._on_notify = on_notify
+        self._wake = wake
         self._max_backoff = max_backoff.total_seconds()
         self._stopping = threading.Event()
+        self._lost = threading.Event()  # the owner dropped the connection, or stop()
+        self._lock = threading.Lock()  # publishing, dropping and closing the connection
+        self._conn: psycopg.Connection[Any] | None = None  # published: the owner reads it
         self._thread = threading.Thread(target=self._run, name="sqlaq-listener", daemon=True)
         #: Set while LISTEN is in effect; cleared while the connection is down.
         self.listening = threading.Event()
@@ -73,10 +158,49 @@ class Listener:
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stop listening and close the connection (waits up to *timeout* seconds)."""
+        """Stop listening and close the connection (waits up to *timeout* seconds for
+        the thread). The owner's: it must not be waiting on the socket meanwhile."""
         self._stopping.set()
+        self._lost.set()
+        self._drop()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+
+    def fileno(self) -> int | None:
+        """The published connection's socket, for the owner to wait on; None while
+        there is none."""
+        conn = self._conn
+        return None if conn is None else conn.pgconn.socket
+
+    def read(self) -> None:
+        """Take in what the server sent and report each notification (the owner's;
+        returns at once when nothing came). A connection found broken is dropped and
+        the thread reconnects."""
+        conn = self._conn
+        if conn is None:
+            return
+        pgconn = conn.pgconn
+        try:
+            pgconn.consume_input()
+            if pgconn.status != ConnStatus.OK:
+                raise psycopg.OperationalError("the listener's connection is closed")
+            encoding = conn.info.encoding
+            notify = pgconn.notifies()
+            while notify is not None:
+                self._on_notify(notify.relname.decode(encoding), notify.extra.decode(encoding))
+                notify = pgconn.notifies()
+        except psycopg.Error as exc:
+            _log.warning("listener connection lost, reconnecting: %s", _one_line(exc))
+            self._drop()
+            self._lost.set()
+
+    def _drop(self) -> None:
+        """Unpublish and close the connection (the owner's, or the thread's once stopping)."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+            self.listening.clear()
+        if conn is not None:
+            conn.close()
 
     def _run(self) -> None:
         try:
@@ -86,7 +210,8 @@ class Listener:
             # working without notifications, by polling.
             _log.exception("listener stopped by an unexpected error; relying on polling")
         finally:
-            self.listening.clear()
+            if self._stopping.is_set():
+                self._drop()
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
@@ -94,13 +219,18 @@ class Listener:
                 conn = self._connect()
             except psycopg.Error:
                 return  # only raised once stop() was called: the retry loop never gives up
-            try:
-                self._listen(conn)
-            except psycopg.Error as exc:
-                _log.warning("listener connection lost, reconnecting: %s", _one_line(exc))
-            finally:
-                self.listening.clear()
-                conn.close()
+            with self._lock:
+                if self._stopping.is_set():
+                    conn.close()
+                    return
+                self._lost.clear()
+                self._conn = conn
+                self.listening.set()
+            _log.info("listening for notifications")
+            # Whatever was notified while we were not listening is lost: look once.
+            self._on_notify(None, None)
+            self._wake()  # the owner waits on the new socket from now on
+            self._lost.wait()
 
     def _connect(self) -> psycopg.Connection[Any]:
         retrying = tenacity.Retrying(
@@ -125,16 +255,7 @@ class Listener:
         except BaseException:
             conn.close()
             raise
-        self.listening.set()
-        _log.info("listening for notifications")
-        # Whatever was notified while we were not listening is lost: look once.
-        self._on_notify(None, None)
         return conn
-
-    def _listen(self, conn: psycopg.Connection[Any]) -> None:
-        while not self._stopping.is_set():
-            for notification in conn.notifies(timeout=_WAIT_SECONDS):
-                self._on_notify(notification.channel, notification.payload)
 
     def _sleep(self, seconds: float) -> None:
         self._stopping.wait(seconds)
