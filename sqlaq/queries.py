@@ -2044,7 +2044,7 @@ def listen_stmt(*, channel: str | Sequence[str] = CHANNEL) -> psycopg.sql.Compos
     dedicated psycopg connection.
 
     A psycopg statement rather than a SQLAlchemy one: LISTEN must run on a raw autocommit
-    connection that stays outside the pool (see :mod:`sqlaq.listener`).
+    connection that stays outside the pool (see :mod:`sqlaq.worker.listener`).
     """
     channels = [channel] if isinstance(channel, str) else list(channel)
     return psycopg.sql.SQL("; ").join(
