@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlaq  # after the path is set, for a run from a clean clone
 from sqlaq.worker import fetcher as fetcher_module
+from sqlaq.worker import precompiled as precompiled_module
 
 ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench_drain_probe"
@@ -257,7 +258,7 @@ async def one_loop_run(worker: Any, claims: list[tuple[int, float]]) -> None:
                     ).string
                 cursor = conn.cursor()
                 await cursor.execute(sql, params)
-                step = plan.send(fetcher_module._Rows(await cursor.fetchall()))
+                step = plan.send(precompiled_module._Rows(await cursor.fetchall()))
         except StopIteration as stop:
             claims.append((len(stop.value), time.perf_counter() - started))
             return list(stop.value)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlaq  # after the path is set, for a run from a clean clone
 from sqlaq import WorkerConfig
-from sqlaq.worker import core, fetcher
+from sqlaq.worker import core, fetcher, precompiled
 
 ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"
 DSN = "host=127.0.0.1 user=postgres dbname=bench_wake_probe"
@@ -52,7 +52,7 @@ def stages(jobs: int) -> None:
         if seq is not None:
             marks.setdefault((seq, stage), pc())
 
-    notified, fetch, run = core.Worker._notified, fetcher.Fetcher.fetch, fetcher.Precompiled.run
+    notified, fetch, run = core.Worker._notified, fetcher.Fetcher.fetch, precompiled.Precompiled.run
 
     def on_notify(self: Any, *args: Any) -> None:
         mark("notify")
@@ -73,7 +73,7 @@ def stages(jobs: int) -> None:
         return result
 
     core.Worker._notified, fetcher.Fetcher.fetch = on_notify, on_fetch  # type: ignore[method-assign]
-    fetcher.Precompiled.run = on_run  # type: ignore[method-assign]
+    precompiled.Precompiled.run = on_run  # type: ignore[method-assign]
     registry = sqlaq.Registry()
 
     @registry.handler("noop")

@@ -749,11 +749,16 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
         ) in rows
         if status == "running"
     ]
-    # UPDATE ... RETURNING has no order; hand jobs out in claim order as far as known.
-    claimed.sort(key=lambda job: (-job.priority, job.id))
+    # UPDATE ... RETURNING has no order; hand jobs out in claim order as far as known:
+    # by id, then (stable) by priority, highest first; two sorts by a key in C cost a
+    # third of one by a key made in Python.
+    claimed.sort(key=_BY_ID)
+    claimed.sort(key=_BY_PRIORITY, reverse=True)
     return claimed
 
 
+_BY_ID = operator.attrgetter("id")
+_BY_PRIORITY = operator.attrgetter("priority")
 _CLAIMED_SETTERS = slot_setters(ClaimedJob)
 _LEASE_SETTERS = slot_setters(Lease)
 

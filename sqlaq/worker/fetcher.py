@@ -8,12 +8,13 @@ other kinds in one statement on a connection held in autocommit (a claim is one
 statement: no BEGIN or COMMIT round trip). It hands claimed jobs back; starting them is
 the worker's.
 
-The plain claim is :func:`sqlaq.ops.claim`'s plan, run here by :class:`Precompiled`: its
-statement compiled once to the driver's SQL and executed on the psycopg cursor itself
-(prepared on the server after a few runs, as psycopg does unless the URL says
-``prepare_threshold=none``), its rows read as tuples. It skips SQLAlchemy's execution
-path, about a fifth of a millisecond of the GIL per claim: a claim runs thousands of
-times a second in a drain, and once per wake-up.
+The plain claim is :func:`sqlaq.ops.claim`'s plan, run here by
+:class:`~sqlaq.worker.precompiled.Precompiled`: its statement compiled once to the
+driver's SQL and executed on the psycopg cursor itself (prepared on the server after a
+few runs, as psycopg does unless the URL says ``prepare_threshold=none``), its rows read
+as tuples. It skips SQLAlchemy's execution path, about a fifth of a millisecond of the
+GIL per claim: a claim runs thousands of times a second in a drain, and once per
+wake-up.
 """
 
 from __future__ import annotations
@@ -21,94 +22,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from time import monotonic
-from typing import Any, TypeVar
 from uuid import UUID
 
 from sqlalchemy import Connection, Engine
 
 from sqlaq import ops
 from sqlaq.config import WorkerConfig
-from sqlaq.drive import Plan, plan_of
+from sqlaq.drive import plan_of
 from sqlaq.lease import Lease
 from sqlaq.registry import Registry
 from sqlaq.transient import is_transient
 from sqlaq.worker.gates import KindGates
+from sqlaq.worker.precompiled import Precompiled
 
-__all__ = ["Fetcher", "Precompiled"]
+__all__ = ["Fetcher"]
 
-R = TypeVar("R")
 _CLAIM = plan_of(ops.claim)
-
-
-class _Rows(list[Any]):
-    """Rows fetched from the cursor, as a plan reads a buffered result (``.all()``)."""
-
-    def all(self) -> list[Any]:
-        return self
-
-
-class Precompiled:
-    """Runs a plan's statements compiled once per dialect to the driver's SQL, on the
-    psycopg cursor of a SQLAlchemy connection in autocommit.
-
-    A statement whose compiled form needs SQLAlchemy at each execution (parameters it
-    converts, or expands: an ``IN`` list, an array of excluded kinds) is run by
-    SQLAlchemy as usual. Any step other than a statement (a plan that asks for a
-    transaction or the driver connection) is refused with ``TypeError``: the plain
-    claim's plan has none. A driver error
-    discards the connection (SQLAlchemy would have, had it seen a lost connection) and
-    propagates as the driver raised it (:func:`sqlaq.transient.is_transient` knows
-    both).
-    """
-
-    def __init__(self) -> None:
-        # id(statement) -> (statement, its SQL or None); the statement is kept so its id
-        # cannot be reused while cached.
-        self._sql: dict[int, tuple[Any, str | None]] = {}
-
-    def run(self, conn: Connection, plan: Plan[R]) -> R:
-        """Run *plan* on *conn* (in autocommit); return what it returns."""
-        try:
-            step = plan.send(None)
-            while True:
-                if type(step) is not tuple:
-                    raise TypeError(f"Precompiled runs plain statements only, not {step!r}")
-                statement, params = step
-                sql = self._compiled(statement, conn)
-                if sql is None:
-                    step = plan.send(conn.execute(statement, params))
-                    continue
-                cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-                try:
-                    cursor.execute(sql, params)
-                    rows = _Rows(cursor.fetchall() if cursor.description else ())
-                except Exception:
-                    conn.invalidate()
-                    raise
-                finally:
-                    cursor.close()
-                step = plan.send(rows)
-        except StopIteration as done:
-            value: R = done.value
-            return value
-
-    def _compiled(self, statement: Any, conn: Connection) -> str | None:
-        cached = self._sql.get(id(statement))
-        if cached is not None:
-            return cached[1]
-        compiled = statement.compile(dialect=conn.dialect)
-        plain = not (
-            compiled._bind_processors
-            or compiled.post_compile_params
-            or compiled.literal_execute_params
-            or any(
-                column[3].dialect_impl(conn.dialect).result_processor(conn.dialect, None)
-                for column in compiled._result_columns
-            )
-        )
-        sql = compiled.string if plain and conn.dialect.driver == "psycopg" else None
-        self._sql[id(statement)] = (statement, sql)
-        return sql
 
 
 class Fetcher:
@@ -149,6 +78,7 @@ class Fetcher:
         # Limited kinds (a concurrency limit or a rate) are claimed one kind at a time
         # under the kind's lock (ops.claim_limited); the plain claim skips them.
         self.gates = KindGates(registry)
+        self._limited = bool(self.gates)  # asked once per finished job
 
     @property
     def due(self) -> bool:
@@ -170,7 +100,7 @@ class Fetcher:
     def finished(self, kind: str, queue: str) -> None:
         """A job of *kind* ended here: if a limited kind's slot freed, or *queue*'s limited
         kinds wait for a free slot of this worker, claim now."""
-        if self.gates and (self.gates.finished(kind) or queue in self._capped):
+        if self._limited and (self.gates.finished(kind) or queue in self._capped):
             self._capped.discard(queue)
             self._due.add(queue)
 

@@ -3,8 +3,9 @@ decision that a run's lease is gone. No other part of the worker decides that.
 
 This module owns:
 
-* **what is held**: each run from claim to written outcome, keyed by its lease token
-  (never by job id: a worker that stalled past its lease may claim its own job again,
+* **what is held**: each run from claim to written outcome, keyed by the run itself
+  (its identity: one :class:`~sqlaq.worker.run.Run` per claim, so per lease token;
+  never by job id: a worker that stalled past its lease may claim its own job again,
   and the stale run must neither overwrite nor remove the new one);
 * **lost and cancelled**: a run is *lost* when its job was claimed again (here, by a new
   claim of the same job, or elsewhere, found by a renewal that matched no row) and
@@ -56,9 +57,12 @@ class Leases:
         self._engine = engine
         self.interval = min(lengths).total_seconds() / 3
         self.next = monotonic() + self.interval
-        self._held: dict[UUID, Run] = {}
-        self._latest: dict[int, UUID] = {}  # job id -> token of its newest held run
-        self._gone: dict[UUID, Outcome] = {}  # held runs whose lease is gone: LOST/CANCELLED
+        # Held runs are keyed by identity (a Run hashes as an object: no UUID hashed or
+        # compared per job). What is gone or late is rare and keyed by token: a run
+        # handed back that never finishes leaves only its token behind.
+        self._held: dict[Run, None] = {}
+        self._latest: dict[int, Run] = {}  # job id -> its newest held run
+        self._gone: dict[UUID, Outcome] = {}  # runs whose lease is gone: LOST/CANCELLED
         self._late: set[UUID] = set()  # timed out: their handler's own outcome is dropped
 
     def __len__(self) -> int:
@@ -68,34 +72,36 @@ class Leases:
         return bool(self._held)
 
     def __iter__(self) -> Iterator[Run]:
-        return iter(self._held.values())
+        return iter(self._held)
 
     # -- holding -----------------------------------------------------------------------
 
     def hold(self, run: Run) -> None:
         """Hold *run* from its claim on. A run of the same job still held here is lost:
         the new claim replaced its lease (it expired while this worker stalled)."""
-        previous = self._latest.get(run.job.id)
-        if previous is not None and previous not in self._gone:
-            other = self._held.get(previous)
-            if other is not None:
-                self._mark(other, LOST, "lease expired and the job was claimed again here")
-        self._held[run.token] = run
-        self._latest[run.job.id] = run.token
+        job_id = run.job.id
+        previous = self._latest.get(job_id)
+        if previous is not None and previous in self._held and previous.token not in self._gone:
+            self._mark(previous, LOST, "lease expired and the job was claimed again here")
+        self._held[run] = None
+        self._latest[job_id] = run
 
     def release(self, run: Run) -> None:
         """Forget *run*: its outcome was written, or its job handed back."""
-        self._held.pop(run.token, None)
-        self._gone.pop(run.token, None)
-        if self._latest.get(run.job.id) == run.token:
-            del self._latest[run.job.id]
+        self._held.pop(run, None)
+        if self._gone:
+            self._gone.pop(run.token, None)
+        latest = self._latest
+        job_id = run.job.id
+        if latest.get(job_id) is run:
+            del latest[job_id]
 
     def handed_back(self, run: Run) -> None:
         """*run*'s job was handed back (a stopping worker): it is no longer held, and
         whatever its handler returns now is not written."""
-        self._held.pop(run.token, None)
+        self._held.pop(run, None)
         self._gone[run.token] = LOST
-        if self._latest.get(run.job.id) == run.token:
+        if self._latest.get(run.job.id) is run:
             del self._latest[run.job.id]
 
     def timed_out(self, run: Run) -> None:
@@ -105,14 +111,14 @@ class Leases:
 
     def late(self, run: Run) -> bool:
         """True (once) for the handler's own outcome of a run that timed out."""
-        if run.token in self._late:
+        if self._late and run.token in self._late:
             self._late.discard(run.token)
             return True
         return False
 
     def verdict(self, run: Run) -> Outcome | None:
         """LOST or CANCELLED if *run*'s lease is known gone, else None."""
-        return self._gone.get(run.token)
+        return self._gone.get(run.token) if self._gone else None
 
     def renewable(self, excluding: set[UUID]) -> list[Run]:
         """Held runs whose lease the heartbeat keeps: not gone, not in *excluding*
@@ -120,8 +126,8 @@ class Leases:
         gone, late = self._gone, self._late
         return [
             r
-            for t, r in self._held.items()
-            if t not in gone and t not in excluding and t not in late
+            for r in self._held
+            if r.token not in gone and r.token not in excluding and r.token not in late
         ]
 
     # -- learning that a lease is gone -------------------------------------------------
@@ -129,9 +135,9 @@ class Leases:
     def cancelled(self, job_id: int) -> None:
         """``sqlaq.cancel`` reached job *job_id* (its NOTIFY): its held run is cancelled
         (an older run of it here, if any, is already lost)."""
-        token = self._latest.get(job_id)
-        if token is not None and token not in self._gone:
-            self._mark(self._held[token], CANCELLED, "job cancelled while running")
+        run = self._latest.get(job_id)
+        if run is not None and run.token not in self._gone:
+            self._mark(run, CANCELLED, "job cancelled while running")
 
     def _mark(self, run: Run, outcome: Outcome, reason: str) -> None:
         self._gone[run.token] = outcome
@@ -179,7 +185,7 @@ class Leases:
             lease = renewed.get(token)
             if lease is not None:
                 run.context._set_lease(lease)
-            elif token not in self._held or token in self._gone:
+            elif run not in self._held or token in self._gone:
                 continue  # written or handed back meanwhile, or already known gone
             elif token in renewed:
                 self._mark(run, CANCELLED, "job cancelled while running")

@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from sqlaq.context import JobContext, LeaseRenewer
+from sqlaq.encoding import slot_setters
 from sqlaq.errors import JobTimeoutError
 from sqlaq.ops import ClaimedJob
 from sqlaq.outcome import Outcome, Verdict
@@ -74,8 +75,17 @@ class Run:
     def of(
         cls, job: ClaimedJob, handler: Handler | None, lease_length: timedelta, renew: LeaseRenewer
     ) -> Run:
-        """A run of the claimed *job*, with the context its handler will see."""
-        return cls(job, handler, JobContext.for_job(job, lease_length, renew))
+        """A run of the claimed *job*, with the context its handler will see.
+
+        Built by slot setters (:func:`~sqlaq.encoding.slot_setters`), as the claim
+        builds its jobs: a worker makes one per job.
+        """
+        run = object.__new__(cls)
+        set_job, set_handler, set_context = _RUN_SETTERS
+        set_job(run, job)
+        set_handler(run, handler)
+        set_context(run, JobContext.for_job(job, lease_length, renew))
+        return run
 
     @property
     def timeout(self) -> timedelta | None:
@@ -116,6 +126,19 @@ class Finished:
     committed: bool = False
     status: JobStatus | None = None
 
+    @classmethod
+    def of(cls, run: Run, outcome: Outcome, duration: float) -> Finished:
+        """``Finished(run, outcome, duration)``, built by slot setters: a worker makes
+        one per job (a frozen dataclass's ``__init__`` costs twice as much)."""
+        finished = object.__new__(cls)
+        set_run, set_outcome, set_duration, set_committed, set_status = _FINISHED_SETTERS
+        set_run(finished, run)
+        set_outcome(finished, outcome)
+        set_duration(finished, duration)
+        set_committed(finished, False)
+        set_status(finished, None)
+        return finished
+
     def result(self, outcome: Outcome, status: JobStatus | None) -> JobResult:
         """This run as a :class:`JobResult`: *outcome* was written as *status*."""
         job = self.run.job
@@ -146,6 +169,10 @@ class Finished:
                 log.info("job failed, will retry", extra=extra)
             else:
                 log.info("job failed", extra=extra)
+
+
+_RUN_SETTERS = slot_setters(Run)
+_FINISHED_SETTERS = slot_setters(Finished)
 
 
 def timed_out(timeout: timedelta) -> JobTimeoutError:

@@ -22,7 +22,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from time import monotonic, perf_counter
-from typing import cast
 from uuid import UUID
 
 from sqlaq import tracing
@@ -73,7 +72,7 @@ class Runner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._loop_lock = threading.Lock()
-        self._tasks: dict[int, asyncio.Task[None]] = {}  # running async handlers, by id(run)
+        self._tasks: dict[Run, asyncio.Task[None]] = {}  # running async handlers, by run
         self._waiting: deque[Run] = deque()  # async runs not started; the loop pops them
         self._blocking = 0  # sync runs submitted and not finished
         self._count_lock = threading.Lock()
@@ -173,22 +172,16 @@ class Runner:
             finally:
                 self._waiters -= 1
 
-    def _try_enter(self) -> bool:
+    def _leave(self, *, on_loop: bool = False, places: int = 1) -> None:
+        """Give *places* under the gate back; start waiting async runs in them.
+        *on_loop*: called in the loop's thread, which starts them at once (from another
+        thread it is a wake-up of the loop: a write to its self-pipe, and one more
+        callback)."""
         with self._count:
-            if self._running >= self._size:
-                return False
-            self._running += 1
-            return True
-
-    def _leave(self, *, on_loop: bool = False) -> None:
-        """Give a place under the gate back; start a waiting async run in it. *on_loop*:
-        called in the loop's thread, which starts it at once (from another thread it
-        is a wake-up of the loop: a write to its self-pipe, and one more callback)."""
-        with self._count:
-            self._running -= 1
+            self._running -= places
         if self._waiters:  # a waiter holds the gate until it waits: the notify lands
             with self._gate:
-                self._gate.notify()
+                self._gate.notify(places)
         if self._waiting:
             if on_loop:
                 self._pump()
@@ -302,15 +295,25 @@ class Runner:
             loop.close()
 
     def _pump(self) -> None:
-        """Start waiting async runs while the gate lets them (in the loop's thread)."""
-        loop = asyncio.get_running_loop()
-        while self._waiting and self._try_enter():
-            try:
-                run = self._waiting.popleft()
-            except IndexError:  # withdrawn meanwhile
-                self._leave(on_loop=True)
+        """Start waiting async runs while the gate lets them (in the loop's thread): the
+        places for all of them are taken at once, one look at the gate."""
+        waiting = self._waiting
+        if not waiting:
+            return
+        with self._count:
+            starting = min(len(waiting), self._size - self._running)
+            if starting <= 0:
                 return
-            self._tasks[id(run)] = loop.create_task(self._run_one_async(run))
+            self._running += starting
+        create_task = asyncio.get_running_loop().create_task
+        tasks, run_one = self._tasks, self._run_one_async
+        for started in range(starting):
+            try:
+                run = waiting.popleft()
+            except IndexError:  # withdrawn meanwhile: the places not used go back
+                self._leave(on_loop=True, places=starting - started)
+                return
+            tasks[run] = create_task(run_one(run))
 
     async def _run_one_async(self, run: Run) -> None:
         try:
@@ -335,7 +338,7 @@ class Runner:
             returned: object = None
             try:
                 if run.handler is not None:
-                    call = cast(Awaitable[object], run.handler.func(run.job.payload))
+                    call: Awaitable[object] = run.handler.func(run.job.payload)  # type: ignore[assignment]
                     timeout = run.timeout
                     returned = await (call if timeout is None else bounded(call, timeout))
             except asyncio.CancelledError as exc:
@@ -349,13 +352,13 @@ class Runner:
             finally:
                 self._leave(on_loop=True)
             duration = perf_counter() - started
-            finished = Finished(run, decide(run.handler, run.job, error, returned), duration)
+            finished = Finished.of(run, decide(run.handler, run.job, error, returned), duration)
             tracing.end(span, finished.outcome)
             self._on_finished(finished)
         finally:
             # Out of the running tasks at its end (a done callback would cost the loop
             # one more callback per job).
-            self._tasks.pop(id(run), None)
+            self._tasks.pop(run, None)
 
     def _cancel_tasks(self, stop: bool) -> None:
         loop = asyncio.get_running_loop()

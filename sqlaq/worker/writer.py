@@ -40,11 +40,13 @@ from datetime import timedelta
 from sqlalchemy import Connection, Engine
 
 from sqlaq import ops
+from sqlaq.drive import plan_of
 from sqlaq.outcome import Outcome, Verdict, unwritable
 from sqlaq.results import complete_with_result
 from sqlaq.schema import JobStatus
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
 from sqlaq.worker.leases import Leases, Renewed
+from sqlaq.worker.precompiled import Precompiled
 from sqlaq.worker.run import Finished, Run
 
 __all__ = ["Batch", "Writer", "Written", "write_outcomes"]
@@ -54,6 +56,8 @@ _log = logging.getLogger(__name__)
 #: One written outcome: the finished run, the outcome as written, the status it left
 #: (None: the lease was lost, nothing written).
 Written = tuple[Finished, Outcome, JobStatus | None]
+
+_COMPLETE = plan_of(ops.complete)
 
 
 @dataclass(eq=False)
@@ -84,27 +88,50 @@ class Batch:
         return [item for item in self.items if id(item[0]) not in seen]
 
 
-def write_outcomes(conn: Connection, items: Sequence[tuple[Finished, Outcome]]) -> list[Written]:
+def write_outcomes(
+    conn: Connection,
+    items: Sequence[tuple[Finished, Outcome]],
+    precompiled: Precompiled | None = None,
+) -> list[Written]:
     """Write *items*' outcomes on *conn* (in the caller's transaction): one complete for
     every success, one statement per other outcome, fenced by each run's lease.
 
     A lease lost since is found by the fence (the statement matches no row) and reported
     with status None. A job of a concurrency-limited kind that ended wakes the workers
-    of its queue (NOTIFY on commit), so the freed slot is taken at once.
+    of its queue (NOTIFY on commit), so the freed slot is taken at once. With
+    *precompiled* (*conn* in autocommit) the complete runs on the driver's cursor.
     """
+    done_verdict = Verdict.DONE
+    successes = [i for i in items if i[1].verdict is done_verdict and i[1].result is None]
     written: list[Written] = []
-    successes = [i for i in items if i[1].verdict is Verdict.DONE and i[1].result is None]
     if successes:
         leases = [f.run.context.lease for f, _ in successes]
-        done = set(ops.complete(conn, leases, raise_on_lost=False))
-        written += [(f, o, JobStatus.DONE if f.run.job.id in done else None) for f, o in successes]
+        if precompiled is None:
+            done = set(ops.complete(conn, leases, raise_on_lost=False))
+        else:
+            done = set(precompiled.run(conn, _COMPLETE(leases, raise_on_lost=False)))
+        status = JobStatus.DONE
+        written = [(f, o, status if f.run.job.id in done else None) for f, o in successes]
+    if len(successes) < len(items):
+        written += _write_others(conn, items)
+    freed = {
+        f.run.job.queue for f, _ in items if f.run.handler is not None and f.run.handler.concurrency
+    }
+    if freed:
+        ops.notify_queues(conn, sorted(freed))
+    return written
+
+
+def _write_others(conn: Connection, items: Sequence[tuple[Finished, Outcome]]) -> list[Written]:
+    """Write the outcomes of *items* but the plain successes: one statement each."""
+    written: list[Written] = []
     for finished, outcome in items:
         verdict = outcome.verdict
         lease = finished.run.context.lease
         status: JobStatus | None
         if verdict is Verdict.DONE:
             if outcome.result is None:
-                continue  # completed above, with the others
+                continue  # completed with the others
             stored = complete_with_result(conn, lease, outcome.result, raise_on_lost=False)
             status = JobStatus.DONE if stored else None
         elif not outcome.writes:
@@ -118,11 +145,6 @@ def write_outcomes(conn: Connection, items: Sequence[tuple[Finished, Outcome]]) 
             error = outcome.error or ""
             status = ops.fail(conn, lease, error, retry_in=retry_in, raise_on_lost=False)
         written.append((finished, outcome, status))
-    freed = {
-        f.run.job.queue for f, _ in items if f.run.handler is not None and f.run.handler.concurrency
-    }
-    if freed:
-        ops.notify_queues(conn, sorted(freed))
     return written
 
 
@@ -143,6 +165,7 @@ class Writer:
         self._conn: Connection | None = None
         self._connected = threading.Event()
         self._connect_failures = 0
+        self._precompiled = Precompiled()  # the complete of a batch of successes
         # A daemon, like the handler threads: a writer stuck on a dead connection must
         # not keep the process alive once the worker has returned.
         self._thread = threading.Thread(target=self._loop, name="sqlaq-writer", daemon=True)
@@ -207,11 +230,12 @@ class Writer:
 
     def _write_whole(self, batch: Batch) -> None:
         """One transaction. The common batch, successes only, is one complete statement
-        on a connection held in autocommit: no BEGIN or COMMIT round trip."""
+        on a connection held in autocommit (no BEGIN or COMMIT round trip), run on the
+        driver's cursor (:class:`~sqlaq.worker.precompiled.Precompiled`)."""
         if batch.renewing is None and all(o.verdict is Verdict.DONE for _, o in batch.items):
             try:
                 conn = self._connection()
-                batch.written = write_outcomes(conn, batch.items)
+                batch.written = write_outcomes(conn, batch.items, self._precompiled)
                 conn.commit()  # ends SQLAlchemy's own transaction; nothing is sent
             except BaseException:
                 self._drop_connection()

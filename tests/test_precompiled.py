@@ -1,0 +1,62 @@
+"""The worker's claim run on the driver's cursor (``sqlaq.worker.precompiled``) reads
+payloads exactly as SQLAlchemy's path does: psycopg's ``json.loads``, or the engine's own
+``json_deserializer``."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from sqlalchemy import Engine, create_engine
+
+import sqlaq
+from sqlaq import ops
+from sqlaq.drive import plan_of
+from sqlaq.worker.precompiled import Precompiled
+
+PAYLOADS: list[Any] = [
+    {},
+    {"seq": 12345},
+    {"text": 'é 漢字 🙂 \\ " \n', "nested": {"list": [1, 2.5, -0.0, None, True]}},
+    {"big": 123456789012345678901234567890, "small": 1e-300, "exp": 1.5e300},
+    {"list": ["a", 1, {"b": []}], "none": None, "empty": ""},
+]
+
+
+def claim_all(engine: Engine) -> list[ops.ClaimedJob]:
+    with engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        plan = plan_of(ops.claim)(
+            worker_id=uuid4(), queue="precompiled", limit=100, lease=timedelta(seconds=30)
+        )
+        return Precompiled().run(conn, plan)
+
+
+@pytest.fixture
+def enqueued(committed: Engine) -> list[int]:
+    with committed.begin() as conn:
+        return [sqlaq.enqueue(conn, "k", p, queue="precompiled").job_id for p in PAYLOADS]
+
+
+def test_the_claim_s_payloads_are_what_json_loads_reads(
+    committed: Engine, enqueued: list[int]
+) -> None:
+    claimed = {job.id: job.payload for job in claim_all(committed)}
+    expected = [json.loads(json.dumps(p)) for p in PAYLOADS]  # jsonb's own round trip
+    assert [claimed[i] for i in enqueued] == expected
+
+
+def test_an_engine_s_json_deserializer_is_kept(committed: Engine, enqueued: list[int]) -> None:
+    custom = create_engine(
+        committed.url, json_deserializer=lambda text: {"decoded by": "the app", "text": text}
+    )
+    try:
+        claimed = {job.id: job.payload for job in claim_all(custom)}
+    finally:
+        custom.dispose()
+    decoded = claimed[enqueued[1]]
+    assert decoded["decoded by"] == "the app"  # psycopg hands the loader bytes
+    assert json.loads(decoded["text"]) == {"seq": 12345}
