@@ -24,6 +24,7 @@ re-exported from here.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -327,6 +328,11 @@ def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
         except BaseException:
             engine.dispose()
             raise
+        # The process is the command's: what it holds once started (modules, the ORM,
+        # compiled statements) leaves the garbage collector's generations for good, so
+        # the full collections a drain's churn triggers walk only the jobs' objects.
+        gc.collect()
+        gc.freeze()
 
         def body() -> None:
             # Clean-up runs in the worker's thread too, so a signal during it is still

@@ -514,11 +514,10 @@ class Worker:
 
     def _handler_finished(self, finished: Finished) -> None:
         self._finished.append(finished)  # from a handler's thread; deque.append is atomic
-        # Set only if clear: set() takes a lock and is called once per job. Safe, as the
-        # run thread clears the event before it collects: if it is still set here, the
-        # run thread has yet to clear it, and its collect will see this run.
-        if not self._wake.is_set():
-            self._wake.set()
+        # Waker.set writes to its socket only if the flag is clear: once per turn of the
+        # run thread, not per job. Safe, as the run thread clears the flag before it
+        # collects: if it is still set here, its collect will see this run.
+        self._wake.set()
 
     def _notified(self, channel: str | None, payload: str | None) -> None:
         # From Listener.read, on this thread, right before _collect; (None, None) from
