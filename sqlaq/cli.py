@@ -77,6 +77,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
+    "GC_THRESHOLD",
     "UsageError",
     "WorkerOptions",
     "admin_main",
@@ -89,6 +90,7 @@ __all__ = [
     "parse_duration",
     "parse_options",
     "run_worker",
+    "tune_garbage_collector",
     "worker_main",
 ]
 
@@ -328,11 +330,7 @@ def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
         except BaseException:
             engine.dispose()
             raise
-        # The process is the command's: what it holds once started (modules, the ORM,
-        # compiled statements) leaves the garbage collector's generations for good, so
-        # the full collections a drain's churn triggers walk only the jobs' objects.
-        gc.collect()
-        gc.freeze()
+        tune_garbage_collector()
 
         def body() -> None:
             # Clean-up runs in the worker's thread too, so a signal during it is still
@@ -350,6 +348,34 @@ def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:  # before the signal pipe was in place
         return EXIT_INTERRUPTED
+
+
+#: Objects allocated (net of those freed) between two collections of the youngest
+#: generation in a worker process; Python's default is 700.
+GC_THRESHOLD = 50_000
+
+
+def tune_garbage_collector() -> None:
+    """Tune the garbage collector of a worker process (the command's: its process is
+    its own; an application running :class:`~sqlaq.Worker` itself decides for its own).
+
+    - What the process holds once started (modules, the ORM, compiled statements) is
+      frozen (``gc.freeze()``): no later collection walks it again.
+    - The youngest generation is collected after :data:`GC_THRESHOLD` new objects
+      instead of 700. A job's objects (its run, context, task, payload...) live as long
+      as the job and are freed by their reference counts, not by the collector; at 700,
+      the collector ran every few milliseconds of a drain, walked every job in hand,
+      and moved them on to older generations, whose full collections then walked them
+      again. Cycles (a caught exception and its traceback...) wait a little longer.
+
+    A 10 ms async drain (``bench/drain_probe.py 60000 400 200 async``) spent 750-880 ms
+    of its 5 s in the collector at the defaults, 12-23 ms tuned (bench/RESULTS.md,
+    "Stop 13").
+    """
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD, older, oldest)
 
 
 def _start_metrics(engine: Engine, port: int) -> WorkerMetrics | None:

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from workerkit import TESTS_DIR, count_status, ledger_table, rows, worker_env
 
 import sqlaq
-from sqlaq.cli import COMMAND_OPTIONS, UsageError, parse_duration, parse_options
+from sqlaq.cli import COMMAND_OPTIONS, GC_THRESHOLD, UsageError, parse_duration, parse_options
 from sqlaq.config import WORKER_OPTIONS, WorkerConfig
 
 README = TESTS_DIR.parent / "README.md"
@@ -160,6 +160,19 @@ def test_burst_runs_sync_and_async_handlers_then_exits_0(ledger: Engine, databas
     assert [tuple(r) for r in notes] == [("", 50), ("async", 50)]
     assert '"message": "job done"' in result.stderr
     assert '"job_id": ' in result.stderr
+
+
+def test_the_command_tunes_its_process_s_garbage_collector(
+    ledger: Engine, database_url: str
+) -> None:
+    """What the process held once started is frozen, and the youngest generation waits
+    for GC_THRESHOLD objects (sqlaq.cli.tune_garbage_collector)."""
+    with ledger.begin() as conn:
+        sqlaq.enqueue(conn, "gc_settings")
+    result = run_cli("worker_app:registry", "--burst", database_url=database_url)
+    assert result.returncode == 0, result.stderr
+    (note,) = rows(ledger, "SELECT note FROM sqlaq_test_ledger")
+    assert note[0] == f"threshold={GC_THRESHOLD} frozen=True"
 
 
 @pytest.mark.timeout(60)

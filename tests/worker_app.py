@@ -9,6 +9,7 @@ the database clock, so tests measure delays between events on one clock.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from datetime import timedelta
@@ -89,6 +90,12 @@ def sleep(payload: dict[str, Any]) -> None:
     record()
     time.sleep(payload["seconds"])
     record("finished")
+
+
+@registry.handler("gc_settings")
+def gc_settings(payload: dict[str, Any]) -> None:
+    """Record the garbage collector's settings in this process, as the note."""
+    record(f"threshold={gc.get_threshold()[0]} frozen={gc.get_freeze_count() > 0}")
 
 
 @registry.handler("block_first")
