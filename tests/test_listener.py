@@ -9,6 +9,9 @@ no worker around them; ``tests/test_worker.py`` covers the same through a worker
 from __future__ import annotations
 
 import logging
+import os
+import resource
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -64,6 +67,23 @@ def test_a_waker_set_before_it_opens_or_after_it_closes_only_raises_its_flag() -
         waker.close()
     waker.set()  # closed: no error
     assert waker.is_set()
+
+
+@pytest.mark.timeout(20)
+def test_a_socket_numbered_past_select_s_limit_wakes_the_sleeper(waker: Waker) -> None:
+    """A worker with many connections has descriptors past FD_SETSIZE (1024)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft <= 1500:
+        pytest.skip(f"the soft limit of open files is {soft}")
+    reader, writer = socket.socketpair()
+    high = os.dup2(reader.fileno(), 1500)
+    try:
+        writer.send(b"x")
+        waker.wait(None, high)  # returns: the socket is readable (select would refuse it)
+    finally:
+        os.close(high)
+        reader.close()
+        writer.close()
 
 
 @pytest.mark.timeout(60)

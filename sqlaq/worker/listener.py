@@ -113,8 +113,14 @@ class Waker:
         reader = self._reader
         if self._set or reader is None:
             return
-        watched: list[Any] = [reader] if fileno is None else [reader, fileno]
-        select.select(watched, [], [], timeout)
+        # poll, not select: a process with a thousand connections has descriptors past
+        # select's limit (FD_SETSIZE, 1024). A poller per wait: the socket it waits on
+        # changes with each reconnection, and building one costs a microsecond or two.
+        poller = select.poll()
+        poller.register(reader, select.POLLIN)
+        if fileno is not None:
+            poller.register(fileno, select.POLLIN)
+        poller.poll(None if timeout is None else timeout * 1000)
 
 
 class Listener:
