@@ -20,7 +20,7 @@ from sqlalchemy import Engine, text
 
 from sqlaq import queries
 from sqlaq.worker.listener import Listener, Waker, connection_params
-from tests.workerkit import backends, terminate, wait_until
+from workerkit import backends, terminate, wait_until
 
 CHANNEL = "sqlaq_test_listener"
 NAME = "sqlaq-test-listener"

@@ -154,6 +154,9 @@ def test_a_worker_s_listener_and_leader_connect_to_its_listen_url(
     (here the same server, told apart by the application_name in its query)."""
     name = "sqlaq-test-direct"
     listen_url = make_url(database_url).update_query_dict({"application_name": name})
+    # Only backends this test starts: an earlier test's listener, closed, may still be
+    # listed while its backend exits.
+    started = scalar(committed, "SELECT clock_timestamp()")
     worker = sqlaq.Worker(
         committed,
         sqlaq.Registry(),
@@ -168,7 +171,8 @@ def test_a_worker_s_listener_and_leader_connect_to_its_listen_url(
         listening = rows(
             committed,
             "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query LIKE 'LISTEN%'",
+            "AND query LIKE 'LISTEN%' AND backend_start >= :started",
+            started=started,
         )
         assert [row[0] for row in listening] == [name]
         wait_until(lambda: _leader_application_names(committed) == [name], 20, "the leader's lock")
