@@ -17,10 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine, text
+from workerkit import backends, terminate, wait_until
 
 from sqlaq import queries
 from sqlaq.worker.listener import Listener, Waker, connection_params
-from workerkit import backends, terminate, wait_until
 
 CHANNEL = "sqlaq_test_listener"
 NAME = "sqlaq-test-listener"
