@@ -10,7 +10,7 @@ Each concurrent responsibility is a part with one inbox; the run thread (the cal
                                 value with its Outcome  (runner.py, sqlaq.outcome)
     writer       (its thread)   writes batches of outcomes and lease renewals; a batch
                                 the server refuses is written row by row  (writer.py)
-    leases       (run thread)   what is held, keyed by claim token; every lost and
+    leases       (run thread)   what is held, keyed by run; every lost and
                                 cancelled decision; the heartbeat  (leases.py)
     listener     (run thread; a thread of its own only to connect)
                                 LISTEN: new jobs, cancels of running ones  (listener.py)

@@ -54,7 +54,7 @@ class Waker:
 
     Like :class:`threading.Event` (``set``, ``is_set``, ``clear``, ``wait``), except
     that :meth:`wait` also returns when another socket (the LISTEN connection's) is
-    readable: a socket pair carries the flag to ``select``. :meth:`set` writes to it only
+    readable: a socket pair carries the flag to ``poll``. :meth:`set` writes to it only
     when the flag was clear, so a busy sleeper costs its setters one check, not a system
     call each. Only one thread waits and clears; :meth:`open` and :meth:`close` are that
     thread's; :meth:`set` is safe from any thread at any time (before :meth:`open` and
@@ -201,7 +201,8 @@ class Listener:
             self._lost.set()
 
     def _drop(self) -> None:
-        """Unpublish and close the connection (the owner's, or the thread's once stopping)."""
+        """Unpublish and close the connection (the owner's: from read and stop; the
+        thread closes only a connection it has not published)."""
         with self._lock:
             conn, self._conn = self._conn, None
             self.listening.clear()
@@ -215,9 +216,6 @@ class Listener:
             # Not a connection problem (those are retried): say so; the caller keeps
             # working without notifications, by polling.
             _log.exception("listener stopped by an unexpected error; relying on polling")
-        finally:
-            if self._stopping.is_set():
-                self._drop()
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
