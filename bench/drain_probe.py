@@ -1,6 +1,7 @@
 """Where a 10 ms drain's time goes, thread by thread, in sqlaq's own worker.
 
     python bench/drain_probe.py [JOBS] [CONCURRENCY] [PREFETCH] [async|def] [--one-loop]
+        [--command-gc]
 
 On a database of its own (``bench_drain_probe``, dropped at the end): JOBS jobs
 (default 60,000) whose handler sleeps 10 ms (``async def`` with ``asyncio.sleep``, or
@@ -8,6 +9,7 @@ On a database of its own (``bench_drain_probe``, dropped at the end): JOBS jobs
 (400) and PREFETCH (200). It prints:
 
 - jobs/s, and the process's CPU per job over the drain (``getrusage``);
+- the garbage collections during the drain and their time (``gc.callbacks``);
 - each thread's CPU per job (``/proc/self/task/*/schedstat``): the run thread (claims and the
   bookkeeping), the handlers' loop or the slot threads, the writer;
 - the busy cores of the whole machine over the drain (PostgreSQL included);
@@ -15,6 +17,9 @@ On a database of its own (``bench_drain_probe``, dropped at the end): JOBS jobs
 - the worker's slots, sampled every 2 ms: handlers running (p50), the share of samples
   with none running, and jobs claimed ahead and waiting for a slot (p50);
 - the claims (how many, their median size and wall time) and the writer's batches.
+
+``--command-gc`` tunes the process's collector first, as ``sqlaq-worker`` does
+(:func:`sqlaq.cli.tune_garbage_collector`); without it, Python's defaults.
 
 ``--one-loop`` (``async`` only) is a prototype, not the worker: the same bookkeeping
 (``Worker._collect``, ``_dispatch``, the writer thread...) but driven by a coroutine on
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import resource
 import statistics
@@ -45,6 +51,7 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlaq  # after the path is set, for a run from a clean clone
+import sqlaq.cli
 from sqlaq.worker import fetcher as fetcher_module
 from sqlaq.worker import precompiled as precompiled_module
 
@@ -79,7 +86,9 @@ def p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def main(jobs: int, concurrency: int, prefetch: int, sort: str, one_loop: bool) -> None:
+def main(
+    jobs: int, concurrency: int, prefetch: int, sort: str, one_loop: bool, command_gc: bool
+) -> None:
     admin = create_engine(ADMIN, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text("DROP DATABASE IF EXISTS bench_drain_probe"))
@@ -89,6 +98,8 @@ def main(jobs: int, concurrency: int, prefetch: int, sort: str, one_loop: bool) 
         with engine.connect() as conn:
             sqlaq.migrations.upgrade(conn)
             conn.commit()
+        if command_gc:  # as sqlaq-worker does once started
+            sqlaq.cli.tune_garbage_collector()
         drain(engine, jobs, concurrency, prefetch, sort, one_loop)
     finally:
         engine.dispose()
@@ -161,6 +172,16 @@ def drain(
                 samples.append((runner._blocking - queued, queued))
 
     sampler = threading.Thread(target=sample, daemon=True)
+    collected: list[float] = []  # seconds in each garbage collection during the drain
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            collected.append(time.perf_counter() - gc_started[0])
+
+    gc.callbacks.append(on_gc)
     before = thread_cpu()
     usage, machine = resource.getrusage(resource.RUSAGE_SELF), busy()
     started = time.perf_counter()
@@ -171,6 +192,7 @@ def drain(
         worker.run()
     elapsed = time.perf_counter() - started
     done.set()
+    gc.callbacks.remove(on_gc)
     after, machine_after = resource.getrusage(resource.RUSAGE_SELF), busy()
     with engine.connect() as conn:
         finished = conn.execute(text("SELECT count(*) FROM sqlaq_jobs WHERE status = 'done'"))
@@ -180,6 +202,7 @@ def drain(
     print(f"{mode}, {sort} 10 ms handler, concurrency {concurrency}, prefetch {prefetch}")
     print(f"  {count} done in {elapsed:.2f} s: {count / elapsed:,.0f} jobs/s")
     print(f"  process CPU per job: {cpu / count * 1e6:.1f} us")
+    print(f"  garbage collections: {len(collected)}, {sum(collected) * 1e3:.0f} ms in all")
     per_thread = {
         name: round((at_end[name] - before.get(name, 0.0)) / count * 1e6, 1)
         for name in at_end
@@ -302,4 +325,5 @@ if __name__ == "__main__":
         int(args[2]) if len(args) > 2 else 200,
         args[3] if len(args) > 3 else "async",
         "--one-loop" in sys.argv,
+        "--command-gc" in sys.argv,
     )
