@@ -48,6 +48,7 @@ from sqlaq.encoding import (
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
+from sqlaq.queries.columns import copy_row
 from sqlaq.schema import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
@@ -510,7 +511,7 @@ def enqueue_copy(jobs: Iterable[NewJob]) -> Plan[int]:
             )
     if not batch:
         return 0
-    rows = [(j.queue, j.kind, j.payload_json, j.priority, j.max_attempts) for j in batch]
+    rows = [copy_row(j) for j in batch]
     copy = Copy(
         queries.enqueue_copy_stmt(), jobs_table.name, queries.COPY_COLUMNS, rows, "enqueue_copy"
     )

@@ -36,8 +36,8 @@ Rules every builder keeps (each learnt the hard way):
   (``b_*``) and the matching ``*_params`` function gives the bind values for the same
   arguments; execution parameters override the values a statement was built with, so
   the caller builds the statement once, with placeholder values, and runs it with
-  ``conn.execute(stmt, claim_params(...))``. Statements fenced by leases alone take
-  :func:`fence_params`. A builder that needs no argument to build
+  ``conn.execute(stmt, claim_params(...))``. A statement fenced by leases takes
+  :func:`fence_params` (plus its one other value, e.g. ``b_lease``, by name). A builder that needs no argument to build
   (:func:`enqueue_uniform_stmt`) binds no values and is cached itself; its ``*_params``
   gives them all. Building a claim costs about a millisecond in Python; running a
   cached one costs nothing extra.
@@ -74,6 +74,8 @@ from sqlaq.queries.columns import (
     CLAIM_COLUMNS,
     COPY_COLUMNS,
     OUTCOME_COLUMNS,
+    enqueue_params,
+    enqueue_uniform_params,
 )
 from sqlaq.queries.dashboard import (
     WAIT_PERCENTILES,
@@ -93,9 +95,7 @@ from sqlaq.queries.enqueue import (
     debounce_enqueue_stmt,
     enqueue_copy_stmt,
     enqueue_many_stmt,
-    enqueue_params,
     enqueue_stmt,
-    enqueue_uniform_params,
     enqueue_uniform_stmt,
     find_pending_duplicate_stmt,
     find_pending_duplicates_stmt,

@@ -12,11 +12,10 @@ import psycopg.sql
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    ColumnElement,
     Insert,
-    Integer,
     Interval,
     Select,
-    SmallInteger,
     Text,
     Update,
     and_,
@@ -28,33 +27,23 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import insert as core_insert
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 from sqlalchemy.dialects.postgresql import Insert as PgInsert
 
 from sqlaq.encoding import NewJob
 from sqlaq.queries._common import _DEBOUNCE, _DEDUPE, _NOW, c
-from sqlaq.queries.columns import COPY_COLUMNS
+from sqlaq.queries.columns import (
+    COPY_COLUMNS,
+    JOB_FIELDS,
+    JobField,
+    bound,
+    enqueue_params,
+    row_values,
+)
 from sqlaq.schema import (
     jobs,
     unique_holds,
 )
-
-
-def enqueue_params(job: NewJob, *, headers: str | None = None) -> dict[str, Any]:
-    """The bind values of :func:`enqueue_stmt` for *job* (and its *headers*, JSON text:
-    what :func:`sqlaq.tracing.capture` returns)."""
-    return {
-        "b_queue": job.queue,
-        "b_kind": job.kind,
-        "b_payload": job.payload_json,
-        "b_priority": job.priority,
-        "b_delay": job.delay,
-        "b_max_attempts": job.max_attempts,
-        "b_dedupe_key": job.dedupe_key,
-        "b_headers": headers,
-        "b_run_at": job.run_at,
-        "b_timeout": job.timeout,
-    }
 
 
 def enqueue_stmt(*, job: NewJob, headers: str | None = None) -> Insert:
@@ -72,19 +61,7 @@ def enqueue_stmt(*, job: NewJob, headers: str | None = None) -> Insert:
     # Core's insert() when there is no ON CONFLICT: SQLAlchemy before 2.0.3x gives the
     # PostgreSQL dialect's Insert no cache key, so it would be compiled on every call.
     stmt = (core_insert if job.dedupe_key is None else insert)(jobs).values(
-        queue=bindparam("b_queue", v["b_queue"], Text),
-        kind=bindparam("b_kind", v["b_kind"], Text),
-        payload=cast(bindparam("b_payload", v["b_payload"], Text), JSONB),
-        priority=bindparam("b_priority", v["b_priority"], SmallInteger),
-        # An absolute run_at when given, else now() + delay (one of them is zero/None).
-        run_at=func.coalesce(
-            bindparam("b_run_at", v["b_run_at"], TIMESTAMP(timezone=True)),
-            _NOW + bindparam("b_delay", v["b_delay"], Interval),
-        ),
-        max_attempts=bindparam("b_max_attempts", v["b_max_attempts"], Integer),
-        dedupe_key=bindparam("b_dedupe_key", v["b_dedupe_key"], Text),
-        headers=cast(bindparam("b_headers", v["b_headers"], Text), JSONB),
-        timeout=bindparam("b_timeout", v["b_timeout"], Interval),
+        row_values(lambda field: bound(field, v))
     )
     if isinstance(stmt, PgInsert):
         stmt = stmt.on_conflict_do_nothing(
@@ -125,27 +102,19 @@ def debounce_enqueue_stmt(
     """
     v = enqueue_params(job, headers=headers)
     delay = _NOW + bindparam("b_debounce", debounce, Interval)
-    stmt = insert(jobs).values(
-        queue=bindparam("b_queue", v["b_queue"], Text),
-        kind=bindparam("b_kind", v["b_kind"], Text),
-        payload=cast(bindparam("b_payload", v["b_payload"], Text), JSONB),
-        priority=bindparam("b_priority", v["b_priority"], SmallInteger),
-        run_at=delay,
-        max_attempts=bindparam("b_max_attempts", v["b_max_attempts"], Integer),
-        debounce_key=bindparam("b_debounce_key", debounce_key, Text),
-        headers=cast(bindparam("b_headers", v["b_headers"], Text), JSONB),
-        timeout=bindparam("b_timeout", v["b_timeout"], Interval),
-    )
+    row = row_values(lambda field: bound(field, v), run_at=delay, skip={"dedupe_key"})
+    row["debounce_key"] = bindparam("b_debounce_key", debounce_key, Text)
+    stmt = insert(jobs).values(row)
     excluded = stmt.excluded
+    # The update takes the new enqueue's values of every column but the job's identity
+    # (queue, kind, its key) and run_at, which moves back but never past max_wait.
+    identity = {"queue", "kind", "debounce_key", "run_at"}
+    replaced = {name: excluded[name] for name in row if name not in identity}
     stmt = stmt.on_conflict_do_update(
         index_elements=[c.kind, c.debounce_key],
         index_where=_DEBOUNCE,
         set_={
-            "payload": excluded.payload,
-            "priority": excluded.priority,
-            "max_attempts": excluded.max_attempts,
-            "timeout": excluded.timeout,
-            "headers": excluded.headers,
+            **replaced,
             "run_at": func.least(
                 # Cast: a NULL (no cap) must still be an interval to add.
                 delay,
@@ -203,36 +172,15 @@ def unique_enqueue_stmt(*, job: NewJob, unique_for: timedelta, headers: str | No
         .returning(unique_holds.c.job_id)
         .cte("hold")
     )
-    source = select(
-        hold.c.job_id,
-        bindparam("b_queue", v["b_queue"], Text),
-        kind,
-        cast(bindparam("b_payload", v["b_payload"], Text), JSONB),
-        bindparam("b_priority", v["b_priority"], SmallInteger),
-        func.coalesce(
-            bindparam("b_run_at", v["b_run_at"], TIMESTAMP(timezone=True)),
-            _NOW + bindparam("b_delay", v["b_delay"], Interval),
-        ),
-        bindparam("b_max_attempts", v["b_max_attempts"], Integer),
-        key,
-        cast(bindparam("b_headers", v["b_headers"], Text), JSONB),
-        cast(bindparam("b_timeout", v["b_timeout"], Interval), Interval),
+    shared = {"kind": kind, "dedupe_key": key}
+    row = row_values(
+        lambda field: shared[field.name] if field.name in shared else bound(field, v),
+        cast_untyped=True,
     )
-    columns = [
-        "id",
-        "queue",
-        "kind",
-        "payload",
-        "priority",
-        "run_at",
-        "max_attempts",
-        "dedupe_key",
-        "headers",
-        "timeout",
-    ]
+    source = select(hold.c.job_id, *row.values())
     inserted = (
         insert(jobs)
-        .from_select(columns, source)
+        .from_select(["id", *row], source)
         .on_conflict_do_nothing(index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE)
         .returning(c.id)
         .cte("inserted")
@@ -298,29 +246,15 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
     job: the enqueue's trace context) fills ``headers``. :func:`enqueue_uniform_stmt`
     is the lighter statement for jobs that differ only in their payload.
     """
-    arrays: dict[str, tuple[list[Any], ARRAY[Any]]] = {
-        "b_queues": ([j.queue for j in jobs_], ARRAY(Text)),
-        "b_kinds": ([j.kind for j in jobs_], ARRAY(Text)),
-        "b_priorities": ([j.priority for j in jobs_], ARRAY(SmallInteger)),
-        "b_delays": ([j.delay for j in jobs_], ARRAY(Interval)),
-        "b_max_attempts": ([j.max_attempts for j in jobs_], ARRAY(Integer)),
-        "b_dedupe_keys": ([j.dedupe_key for j in jobs_], ARRAY(Text)),
-        "b_run_ats": ([j.run_at for j in jobs_], ARRAY(TIMESTAMP(timezone=True))),
-        "b_timeouts": ([j.timeout for j in jobs_], ARRAY(Interval)),
-    }
+    # One array per field that differs between jobs, in JOB_FIELDS order.
+    arrays = [
+        (f.name, bindparam(f.many, [getattr(j, f.attr) for j in jobs_], ARRAY(f.type)))
+        for f in JOB_FIELDS
+        if f.many is not None and f.attr is not None
+    ]
     rows = (
-        func.unnest(*(bindparam(name, value, type_) for name, (value, type_) in arrays.items()))
-        .table_valued(
-            "queue",
-            "kind",
-            "priority",
-            "delay",
-            "max_attempts",
-            "dedupe_key",
-            "run_at",
-            "timeout",
-            with_ordinality="ordinality",
-        )
+        func.unnest(*(array for _, array in arrays))
+        .table_valued(*(name for name, _ in arrays), with_ordinality="ordinality")
         .render_derived(name="new_jobs")
     )
     payloads_json = f"[{','.join([j.payload_json for j in jobs_])}]"
@@ -329,23 +263,20 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
         .table_valued("value", with_ordinality="ordinality")
         .render_derived(name="payloads")
     )
+    given = {"b_headers": headers}
+
+    def read(field: JobField) -> ColumnElement[Any]:
+        if field.name == "payload":
+            return payloads.c.value
+        return rows.c[field.name] if field.many else bound(field, given)
+
+    row = row_values(read)
     source = (
-        select(
-            rows.c.queue,
-            rows.c.kind,
-            payloads.c.value,
-            rows.c.priority,
-            func.coalesce(rows.c.run_at, _NOW + rows.c.delay),
-            rows.c.max_attempts,
-            rows.c.dedupe_key,
-            cast(bindparam("b_headers", headers, Text), JSONB),
-            rows.c.timeout,
-        )
+        select(*row.values())
         .select_from(rows.join(payloads, payloads.c.ordinality == rows.c.ordinality))
         .order_by(rows.c.ordinality)
     )
-    columns = ["queue", "kind", "payload", "priority", "run_at", "max_attempts", "dedupe_key"]
-    stmt = insert(jobs).from_select([*columns, "headers", "timeout"], source)
+    stmt = insert(jobs).from_select(list(row), source)
     stmt = stmt.on_conflict_do_nothing(index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE)
     return stmt.returning(c.id, c.kind, c.dedupe_key)
 
@@ -378,41 +309,18 @@ def enqueue_uniform_stmt() -> Insert:
         .table_valued("value", with_ordinality="ordinality")
         .render_derived(name="new_jobs")
     )
-    source = select(
-        cast(bindparam("b_queue", type_=Text), Text),
-        cast(bindparam("b_kind", type_=Text), Text),
-        payloads.c.value,
-        cast(bindparam("b_priority", type_=SmallInteger), SmallInteger),
-        func.coalesce(
-            cast(bindparam("b_run_at", type_=TIMESTAMP(timezone=True)), TIMESTAMP(timezone=True)),
-            _NOW + cast(bindparam("b_delay", type_=Interval), Interval),
-        ),
-        cast(bindparam("b_max_attempts", type_=Integer), Integer),
-        cast(bindparam("b_headers", type_=Text), JSONB),
-        cast(bindparam("b_timeout", type_=Interval), Interval),
-    ).order_by(payloads.c.ordinality)
-    columns = ["queue", "kind", "payload", "priority", "run_at", "max_attempts", "headers"]
-    stmt = insert(jobs).from_select([*columns, "timeout"], source)
+
+    def read(field: JobField) -> ColumnElement[Any]:
+        # Every value cast (no value is bound at build time to type it).
+        if field.name == "payload":
+            return payloads.c.value
+        value = bindparam(field.bind, type_=field.type)
+        return cast(value, JSONB if field.json else field.type)
+
+    row = row_values(read, skip={"dedupe_key"})
+    source = select(*row.values()).order_by(payloads.c.ordinality)
+    stmt = insert(jobs).from_select(list(row), source)
     return stmt.returning(c.id)
-
-
-def enqueue_uniform_params(
-    job: NewJob, payloads_json: str, *, headers: str | None = None
-) -> dict[str, Any]:
-    """The bind values of :func:`enqueue_uniform_stmt`: every column but the payload
-    from *job*, the payloads as one JSON array text (one element per job, in order),
-    and the *headers* (JSON text) of every job."""
-    return {
-        "b_queue": job.queue,
-        "b_kind": job.kind,
-        "b_payloads": payloads_json,
-        "b_priority": job.priority,
-        "b_delay": job.delay,
-        "b_run_at": job.run_at,
-        "b_max_attempts": job.max_attempts,
-        "b_headers": headers,
-        "b_timeout": job.timeout,
-    }
 
 
 def enqueue_copy_stmt() -> psycopg.sql.Composed:
