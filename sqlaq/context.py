@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlaq.lease import Lease
 
 if TYPE_CHECKING:
-    from sqlaq.ops import ClaimedJob
+    from sqlaq.records import ClaimedJob
 
 __all__ = ["JobContext", "current_job"]
 

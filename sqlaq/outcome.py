@@ -42,7 +42,7 @@ from sqlaq.results import encode_result
 from sqlaq.schema import JobStatus
 
 if TYPE_CHECKING:
-    from sqlaq.ops import ClaimedJob
+    from sqlaq.records import ClaimedJob
     from sqlaq.registry import Handler
 
 __all__ = [

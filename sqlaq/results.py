@@ -81,7 +81,8 @@ APPLICATION_NAME = "sqlaq-wait"
 _INT8_MAX = 9_223_372_036_854_775_807
 
 _NIL = Lease(0, UUID(int=0), UUID(int=0), 0, datetime.min)
-# Built once; each call passes its own values as execution parameters (see ops.py).
+# Built once; each call passes its own values as execution parameters (the rule of hot
+# statements in sqlaq.queries).
 _COMPLETE_RESULT = queries.complete_result_stmt(lease=_NIL, result_json="null")
 _OUTCOME = queries.job_outcome_stmt(job_id=0)
 _WATCH = queries.watch_job_stmt(job_id=0)

@@ -24,8 +24,9 @@ imported, is not looked up.)
   that enqueued it ended, and each retry is an attempt of its own (the conventions' advice
   for consumers).
 
-It must not import the worker or the operations at run time: the runner and the enqueue
-path call in, never the other way.
+It must not import the worker or the operations, even for type checkers: the runner
+and the enqueue path call in, never the other way. What it reads of a run and of an
+outcome is spelt as a protocol here (:class:`AttemptOf`, :class:`Ended`).
 """
 
 from __future__ import annotations
@@ -34,18 +35,51 @@ import json
 import sys
 from collections.abc import Mapping
 from importlib.util import find_spec
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
     from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-    from sqlaq.outcome import Outcome
-    from sqlaq.worker.run import Run
+    from sqlaq.records import ClaimedJob
 
 
-__all__ = ["ENABLED", "SYSTEM", "AttemptSpan", "capture", "end", "links", "span_for", "start"]
+__all__ = [
+    "ENABLED",
+    "SYSTEM",
+    "AttemptOf",
+    "AttemptSpan",
+    "Ended",
+    "capture",
+    "end",
+    "links",
+    "span_for",
+    "start",
+]
+
+
+class AttemptOf(Protocol):
+    """What :func:`span_for` reads of a worker's run (:class:`sqlaq.worker.run.Run`)."""
+
+    @property
+    def job(self) -> ClaimedJob:
+        """The claimed job the run is an attempt of."""
+        ...
+
+
+class Ended(Protocol):
+    """What :func:`end` reads of an attempt's outcome (:class:`sqlaq.outcome.Outcome`)."""
+
+    @property
+    def verdict(self) -> str:
+        """What became of the attempt (done, retry, failed, ...)."""
+        ...
+
+    @property
+    def error(self) -> str | None:
+        """The summary written to ``last_error``, if any."""
+        ...
 
 
 def _installed() -> bool:
@@ -171,7 +205,7 @@ def start(
     return AttemptSpan(span, token)
 
 
-def span_for(run: Run) -> AttemptSpan | None:
+def span_for(run: AttemptOf) -> AttemptSpan | None:
     """:func:`start` for the run of a worker (its job's id, kind, queue, attempt and
     headers); None without ``sqlaq[otel]``, or while this process has not imported
     OpenTelemetry."""
@@ -187,7 +221,7 @@ def span_for(run: Run) -> AttemptSpan | None:
     )
 
 
-def end(attempt: AttemptSpan | None, outcome: Outcome | None) -> None:
+def end(attempt: AttemptSpan | None, outcome: Ended | None) -> None:
     """End the span of an attempt with its *outcome* (None: the attempt did not end,
     the worker stopped it) and make the context before it current again."""
     if attempt is None:

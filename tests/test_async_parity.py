@@ -2,7 +2,7 @@
 
 These tests fail when a sync operation has no async twin (or the reverse), when a twin's
 signature drifts from its original, or when logic is written in sqlaq/asyncio.py (or a
-connection is used directly in sqlaq/ops.py) instead of in the one plan both share.
+connection is used directly in sqlaq/ops/) instead of in the one plan both share.
 """
 
 from __future__ import annotations
@@ -147,8 +147,11 @@ def test_the_async_wait_takes_its_steps_from_the_sync_waits_logic() -> None:
 
 
 def test_operations_never_touch_a_connection_themselves() -> None:
-    for module in ("ops.py", "periodic.py"):
-        tree = ast.parse((PACKAGE / module).read_text())
+    modules = [*sorted((PACKAGE / "ops").glob("*.py")), PACKAGE / "periodic.py"]
+    assert len(modules) > 2, "sqlaq/ops/ holds the operations' modules"
+    for path in modules:
+        module = path.name
+        tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 names = [a.arg for a in node.args.args + node.args.kwonlyargs]

@@ -108,7 +108,7 @@ def test_where_may_test_another_table_inside_a_subquery(conn: Connection) -> Non
 
 
 def test_the_same_clause_reuses_its_statement_and_keeps_its_values(conn: Connection) -> None:
-    from sqlaq import ops
+    from sqlaq.ops import claiming as ops
 
     regional(conn, ["eu", "us", "eu", "us"])
     us = sqlaq.jobs.c.payload["region"].astext == "us"

@@ -343,17 +343,17 @@ def test_the_fast_builders_make_what_the_classes_own_init_makes() -> None:
     # field added to a class must still be set, and the objects must be equal.
     import uuid
 
-    from sqlaq import ops
     from sqlaq.lease import Lease
+    from sqlaq.ops import claiming, enqueuing
 
     now = datetime.now(UTC)
     token, worker = uuid.uuid4(), uuid.uuid4()
     lease = Lease(7, worker, token, 2, now)
-    assert ops._new_lease(7, worker, token, 2, now) == lease
+    assert claiming._new_lease(7, worker, token, 2, now) == lease
     values = (7, "q", "k", {"a": 1}, 3, 2, 5, now, lease, now, {"h": 1}, timedelta(seconds=4))
-    built = ops._new_claimed_job(*values)
+    built = claiming._new_claimed_job(*values)
     assert built == sqlaq.ClaimedJob(*values)
     assert [getattr(built, f.name) for f in dataclasses.fields(built)] == list(values)
-    assert ops._inserted([4, 5]) == [sqlaq.EnqueueResult(4), sqlaq.EnqueueResult(5)]
+    assert enqueuing._inserted([4, 5]) == [sqlaq.EnqueueResult(4), sqlaq.EnqueueResult(5)]
     with pytest.raises(dataclasses.FrozenInstanceError):
         built.kind = "other"  # type: ignore[misc]

@@ -37,10 +37,10 @@ Rules every builder keeps (each learnt the hard way):
   arguments; execution parameters override the values a statement was built with, so
   the caller builds the statement once, with placeholder values, and runs it with
   ``conn.execute(stmt, claim_params(...))``. A statement fenced by leases takes
-  :func:`fence_params` (plus its one other value, e.g. ``b_lease``, by name). A builder that needs no argument to build
-  (:func:`enqueue_uniform_stmt`) binds no values and is cached itself; its ``*_params``
-  gives them all. Building a claim costs about a millisecond in Python; running a
-  cached one costs nothing extra.
+  :func:`fence_params` (plus its one other value, e.g. ``b_lease``, by name). A builder
+  that needs no argument (:func:`enqueue_uniform_stmt`) binds no values and is cached
+  itself; its ``*_params`` gives them all. Building a claim costs about a millisecond in
+  Python; running a cached one costs nothing extra.
 * Claims and retention pick their rows in a ``MATERIALIZED`` CTE with ``FOR UPDATE SKIP
   LOCKED`` joined to the UPDATE/DELETE: the ``id IN (SELECT ... LIMIT n)`` form can be
   re-run per row under a nested loop and touch far more than *n* rows.

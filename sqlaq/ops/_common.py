@@ -1,0 +1,51 @@
+"""Shared pieces of the operations: defaults, input checks, and the lease bookkeeping
+of fenced operations. Private to :mod:`sqlaq.ops`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from sqlaq.errors import ConfigError, LeaseLostError, shown
+from sqlaq.lease import Lease
+
+DEFAULT_LEASE = timedelta(seconds=30)
+
+DEFAULT_PRUNE_BATCH = 1000
+
+_INT4_MAX = 2_147_483_647
+
+_INT8_MAX = 9_223_372_036_854_775_807
+
+_NIL = UUID(int=0)
+
+_NIL_LEASE = Lease(0, _NIL, _NIL, 0, datetime.min)
+
+
+def _check_positive(name: str, value: object) -> None:
+    # Bound to PostgreSQL's integer: a larger one fails in the database, not here.
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _INT4_MAX:
+        raise ConfigError(f"{name} must be a positive int (up to {_INT4_MAX}), got {shown(value)}")
+
+
+def _as_leases(leases: Lease | Iterable[Lease]) -> list[Lease]:
+    return [leases] if isinstance(leases, Lease) else list(leases)
+
+
+def _check_lost(requested: Sequence[Lease], changed: Collection[int], raise_on_lost: bool) -> None:
+    if raise_on_lost:
+        lost = [lease.job_id for lease in requested if lease.job_id not in changed]
+        if lost:
+            raise LeaseLostError(lost)
+
+
+def _ids(job_ids: int | Iterable[int]) -> list[int]:
+    ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
+    for value in ids:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"job ids must be ints, got {shown(value)}")
+        if not -_INT8_MAX - 1 <= value <= _INT8_MAX:
+            raise ConfigError(f"job ids are bigints; {shown(value)} is out of range")
+    return ids

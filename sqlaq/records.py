@@ -1,0 +1,148 @@
+"""The small frozen values every floor passes around: what an enqueue did
+(:class:`EnqueueResult`), a claimed job (:class:`ClaimedJob`), a limited claim
+(:class:`LimitedClaim`), what a prune did (:class:`PruneResult`).
+
+The ground floor: it imports nothing of sqlaq but :mod:`sqlaq.lease`, so the context,
+the outcome, the registry, tracing and the worker can name these types without
+importing the operations. Each is also importable from :mod:`sqlaq.ops` and
+:mod:`sqlaq`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlaq.lease import Lease
+
+
+class EnqueueOutcome(enum.StrEnum):
+    """What an enqueue did (:attr:`EnqueueResult.outcome`)."""
+
+    #: A new job was inserted.
+    INSERTED = "inserted"
+    #: Nothing was inserted: a pending (queued or running) job holds the dedupe key.
+    DUPLICATE = "duplicate"
+    #: Nothing was inserted: the never-started queued job of the debounce key was
+    #: updated (its payload replaced, its ``run_at`` pushed back).
+    DEBOUNCED = "debounced"
+    #: Nothing was inserted: a job took the dedupe key less than ``unique_for`` ago,
+    #: whatever its status now.
+    HELD = "held"
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """The outcome of one enqueue.
+
+    Attributes:
+        job_id: The new job; or the job that already held the key: the pending twin
+            (duplicate), the queued job that was updated (debounced), the job that holds
+            the ``unique_for`` key (held; it may since have been pruned).
+        duplicate: True when nothing new was inserted (any outcome but ``INSERTED``):
+            *job_id* is an existing job.
+        outcome: Which of inserted, duplicate, debounced or held
+            (:class:`EnqueueOutcome`). ``EnqueueResult(id, duplicate=True)`` means
+            ``DUPLICATE``.
+    """
+
+    job_id: int
+    duplicate: bool = False
+    outcome: EnqueueOutcome = EnqueueOutcome.INSERTED
+
+    def __post_init__(self) -> None:
+        if self.duplicate and self.outcome is EnqueueOutcome.INSERTED:
+            object.__setattr__(self, "outcome", EnqueueOutcome.DUPLICATE)
+        object.__setattr__(self, "duplicate", self.outcome is not EnqueueOutcome.INSERTED)
+
+    @property
+    def inserted(self) -> bool:
+        """True when a new job was inserted."""
+        return self.outcome is EnqueueOutcome.INSERTED
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job claimed for running, with the lease that fences its outcome.
+
+    Attributes:
+        id: The job's id.
+        queue: The queue it was claimed from.
+        kind: Which handler runs it.
+        payload: The handler's argument, decoded.
+        priority: Its priority.
+        attempt: This attempt's number (1 for the first run).
+        max_attempts: How many attempts it may have in all.
+        created_at: When it was enqueued (database clock).
+        lease: Pass it to complete, fail and extend_lease.
+        attempted_at: When this attempt started: the claim's ``now()``.
+        headers: What the enqueuer stored with the job: its trace context (JSON object),
+            or None.
+        timeout: The job's own attempt timeout (``enqueue(..., timeout=...)``), which
+            the worker uses over its handler's; None: the handler's.
+    """
+
+    id: int
+    queue: str
+    kind: str
+    payload: dict[str, Any]
+    priority: int
+    attempt: int
+    max_attempts: int
+    created_at: datetime
+    lease: Lease
+    attempted_at: datetime | None = None
+    headers: dict[str, Any] | None = None
+    timeout: timedelta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitedClaim:
+    """What :func:`~sqlaq.ops.claim_limited` claimed, and what held it back.
+
+    Attributes:
+        jobs: The claimed jobs.
+        full: The kind's concurrency limit is reached: claim it again once a job of
+            it ends (or at the next poll, for jobs other workers run).
+        rate_wait: The rate may be holding jobs back: how long until it lets the next
+            one start. None when the rate is not what stopped the claim.
+
+    Both are False/None when the claim took fewer jobs than the limits allowed: then
+    nothing more of the kind was due.
+    """
+
+    jobs: list[ClaimedJob]
+    full: bool = False
+    rate_wait: timedelta | None = None
+
+
+class PruneResult(int):
+    """What :func:`~sqlaq.ops.prune` did: an ``int``, the number of jobs deleted, as it always was,
+    with what it had to leave.
+
+    Attributes:
+        skipped: Jobs old enough to delete that a host's foreign key (one without ``ON
+            DELETE``) still references, so they stay. Counted, up to the call's
+            *limit*, only by a call that ran out of jobs to delete (it returned less than
+            *limit*), so a loop of calls reports them once; 0 otherwise.
+        referenced_by: The tables (``schema.table``) whose foreign keys hold those jobs.
+    """
+
+    skipped: int
+    referenced_by: tuple[str, ...]
+
+    def __new__(
+        cls, deleted: int, skipped: int = 0, referenced_by: tuple[str, ...] = ()
+    ) -> PruneResult:
+        result = super().__new__(cls, deleted)
+        result.skipped = skipped
+        result.referenced_by = referenced_by
+        return result
+
+    def __repr__(self) -> str:
+        return (
+            f"PruneResult({int(self)}, skipped={self.skipped}, "
+            f"referenced_by={self.referenced_by!r})"
+        )
