@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.dialects import postgresql
 
 from sqlaq import JobStatus, Lease, NewJob, queries
+from sqlaq.schema import jobs
 
 DIALECT = postgresql.psycopg.dialect()  # type: ignore[attr-defined]
 LEASE = Lease(1, uuid.uuid4(), uuid.uuid4(), 1, datetime.now(UTC))
@@ -92,3 +93,24 @@ def test_bind_parameters_are_never_named_like_columns() -> None:
         names = set(stmt.compile(dialect=DIALECT).params)
         assert all(name.startswith("b_") for name in names), names
         assert not names & columns
+
+
+def test_the_job_fields_table_names_job_attributes_and_columns() -> None:
+    from sqlaq.queries.columns import JOB_FIELDS, copy_row
+
+    job = NewJob("k", {"a": 1}, queue="q", priority=2, max_attempts=3)
+    columns = set(jobs.c.keys())
+    for field in JOB_FIELDS:
+        assert field.name == "delay" or field.name in columns, field
+        if field.attr is not None:
+            getattr(job, field.attr)  # a NewJob attribute
+    assert queries.COPY_COLUMNS == ("queue", "kind", "payload", "priority", "max_attempts")
+    assert copy_row(job) == ("q", "k", job.payload_json, 2, 3)
+    # Each INSERT writes the fields' columns (delay folds into run_at).
+    written = {f.name for f in JOB_FIELDS} - {"delay"}
+    text = sql(queries.enqueue_stmt(job=job))
+    listed = text[text.index("(") + 1 : text.index(")")].split(", ")
+    assert set(listed) == written
+    text = sql(queries.enqueue_many_stmt(jobs_=[job]))
+    listed = text[text.index("(") + 1 : text.index(")")].split(", ")
+    assert set(listed) == written

@@ -13,7 +13,7 @@ The column lists statements return follow.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,12 @@ class JobField:
         """The name of its bind parameter: ``b_<name>``."""
         return f"b_{self.name}"
 
+    def of(self, jobs: Iterable[NewJob]) -> list[Any]:
+        """This field's value of each of *jobs*, in order (an ``enqueue_many`` array)."""
+        if self.attr is None:
+            raise ValueError(f"{self.name} is not a field of a job")
+        return list(map(operator.attrgetter(self.attr), jobs))
+
 
 #: What a new job carries into its row, in ``enqueue_many``'s ``unnest`` order.
 JOB_FIELDS = (
@@ -84,7 +90,8 @@ _JOB_VALUES = operator.attrgetter(*(f.attr for f in _FROM_JOB if f.attr))
 def enqueue_params(job: NewJob, *, headers: str | None = None) -> dict[str, Any]:
     """The bind values of :func:`~sqlaq.queries.enqueue_stmt` for *job* (and its
     *headers*, JSON text: what :func:`sqlaq.tracing.capture` returns)."""
-    params = dict(zip(_JOB_BINDS, _JOB_VALUES(job), strict=True))
+    # Both lists come from _FROM_JOB: the same length by construction.
+    params = dict(zip(_JOB_BINDS, _JOB_VALUES(job)))  # noqa: B905
     params["b_headers"] = headers
     return params
 

@@ -248,9 +248,9 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
     """
     # One array per field that differs between jobs, in JOB_FIELDS order.
     arrays = [
-        (f.name, bindparam(f.many, [getattr(j, f.attr) for j in jobs_], ARRAY(f.type)))
+        (f.name, bindparam(f.many, f.of(jobs_), ARRAY(f.type)))
         for f in JOB_FIELDS
-        if f.many is not None and f.attr is not None
+        if f.many is not None
     ]
     rows = (
         func.unnest(*(array for _, array in arrays))
