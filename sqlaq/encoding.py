@@ -468,7 +468,8 @@ class NewJob:
 
     Args:
         kind: Which handler runs it (1 to 255 characters).
-        payload: The handler's argument: a JSON object. Put ids in it, not data.
+        payload: The handler's argument: a JSON object (None or left out: ``{}``, as
+            :func:`sqlaq.enqueue`). Put ids in it, not data.
         queue: Routing: a worker serves some queues.
         priority: Higher runs first among due jobs (-32768 to 32767).
         delay: Run no sooner than ``now() + delay`` (database clock).
@@ -503,7 +504,7 @@ class NewJob:
     def __init__(
         self,
         kind: str,
-        payload: Mapping[str, Any] = _NO_PAYLOAD,
+        payload: Mapping[str, Any] | None = _NO_PAYLOAD,
         queue: str = DEFAULT_QUEUE,
         priority: int = 0,
         delay: timedelta = _NO_DELAY,
@@ -514,7 +515,7 @@ class NewJob:
     ) -> None:
         kind_, payload_, queue_, priority_, delay_, attempts_, key_, at_, timeout_ = _SETTERS
         kind_(self, kind)
-        payload_(self, {} if payload is _NO_PAYLOAD else payload)
+        payload_(self, {} if payload is _NO_PAYLOAD or payload is None else payload)
         queue_(self, queue)
         priority_(self, priority)
         delay_(self, delay)

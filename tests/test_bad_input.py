@@ -335,3 +335,24 @@ def test_an_error_text_with_lone_surrogates_is_stored_spelt_out(conn: Connection
     sqlaq.fail(conn, job.lease, "bad byte \udcff and NUL \x00")
     error = conn.execute(text("SELECT last_error FROM sqlaq_jobs")).scalar_one()
     assert error == "bad byte \\udcff and NUL \\x00"
+
+
+def test_a_payload_of_none_is_the_empty_object_on_every_path(conn: Connection) -> None:
+    """``payload=None`` means ``{}`` whether the job goes through enqueue, NewJob and
+    enqueue_many, or the ORM Job: one rule, not one per path."""
+    one = sqlaq.enqueue(conn, "none-payload", payload=None).job_id
+    [many] = sqlaq.enqueue_many(conn, [NewJob("none-payload", payload=None)])
+    payloads = conn.execute(
+        text("SELECT payload FROM sqlaq_jobs WHERE id = ANY(:ids)"), {"ids": [one, many.job_id]}
+    ).scalars()
+    assert list(payloads) == [{}, {}]
+    assert NewJob("none-payload", payload=None) == NewJob("none-payload")
+    with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+        session.add(job := sqlaq.Job(kind="none-payload", payload=None))
+        session.flush()
+        assert (
+            conn.execute(
+                text("SELECT payload FROM sqlaq_jobs WHERE id = :id"), {"id": job.id}
+            ).scalar_one()
+            == {}
+        )

@@ -246,8 +246,13 @@ def acceptable_job(args: dict[str, Any]) -> bool:
         and good_delay(args["delay"])
         and good_int(args["max_attempts"], 1, 2**31 - 1)
         and good_dedupe_key(args["dedupe_key"])
-        and acceptable(args["payload"])
+        and acceptable(given_payload(args))
     )
+
+
+def given_payload(args: dict[str, Any]) -> Any:
+    """The payload the job is meant to store: None is enqueue's documented default, {}."""
+    return {} if args["payload"] is None else args["payload"]
 
 
 # -- the database side ---------------------------------------------------------------------------
@@ -284,8 +289,8 @@ def assert_stored(conn: Connection, job_id: int, args: dict[str, Any]) -> None:
         ),
         {"id": job_id},
     ).one()
-    assert row.payload == plain(args["payload"])
-    assert _types(row.payload) == _types(plain(args["payload"]))  # floats stay floats
+    assert row.payload == plain(given_payload(args))
+    assert _types(row.payload) == _types(plain(given_payload(args)))  # floats stay floats
     assert (row.kind, row.queue, row.priority, row.max_attempts, row.dedupe_key) == (
         args["kind"],
         args["queue"],
