@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from sqlaq.worker import JobResult, Worker
 
 # The public names imported on first use, and the module of each (the TYPE_CHECKING
-# block above names them for type checkers; tests/test_public_api.py checks both agree).
+# block above names them for type checkers; tests/unit/test_public_api.py checks both agree).
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("migrations", "queries"), ""),
     "WorkerConfig": "sqlaq.config",

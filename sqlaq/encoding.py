@@ -499,7 +499,7 @@ class NewJob:
 
     # Written out, not generated: a frozen dataclass's __init__ sets each field through
     # object.__setattr__, a fifth of a NewJob's cost; the slots' own setters take half
-    # that. The same parameters as the generated one (tests/test_enqueue_fast.py checks
+    # that. The same parameters as the generated one (tests/db/test_enqueue_fast.py checks
     # them against the fields); payload's default is a new empty dict.
     def __init__(
         self,
@@ -577,7 +577,7 @@ def slot_setters(
 
 
 #: NewJob.__init__'s setters of its fields, in its parameters' order (the fields'
-#: order: tests/test_enqueue_fast.py checks that the parameters follow it).
+#: order: tests/db/test_enqueue_fast.py checks that the parameters follow it).
 _SETTERS = slot_setters(NewJob, init_only=True)
 
 

@@ -1,0 +1,75 @@
+"""sqlaq's pytest plugin: the README's complete test module, run under pytest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+MARKER = 'pytest_plugins = ["sqlaq.testing.pytest_plugin"]'
+
+
+def readme_test_modules() -> list[str]:
+    """The README's python blocks that enable the plugin: the sync and the async one."""
+    blocks = README.read_text().split("```python\n")[1:]
+    modules = [block.split("\n```", 1)[0] + "\n" for block in blocks if MARKER in block]
+    assert len(modules) == 2, "expected the sync and the async test module in the README"
+    return modules
+
+
+def leftover_databases(server_url: str) -> list[str]:
+    engine = create_engine(server_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            names = conn.execute(
+                text("SELECT datname FROM pg_database WHERE datname LIKE 'sqlaq_pytest_%'")
+            )
+            return list(names.scalars())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(120)
+def test_the_readme_test_modules_pass_with_the_plugin(server_url: str, tmp_path: Path) -> None:
+    sync, async_ = readme_test_modules()
+    (tmp_path / "test_jobs.py").write_text(sync)
+    (tmp_path / "test_async_jobs.py").write_text(async_)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SQLAQ_", "PYTEST_"))}
+    env["SQLAQ_TEST_DATABASE_URL"] = server_url
+    before = set(leftover_databases(server_url))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "."],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
+    assert set(leftover_databases(server_url)) <= before  # its database was dropped
+
+
+def test_without_a_server_the_plugin_says_what_to_set(tmp_path: Path) -> None:
+    (tmp_path / "test_jobs.py").write_text(readme_test_modules()[0])
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SQLAQ_", "PYTEST_")) and k != "DATABASE_URL"
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_jobs.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert done.returncode != 0
+    assert "--sqlaq-database-url or set SQLAQ_TEST_DATABASE_URL" in done.stdout + done.stderr
