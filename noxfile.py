@@ -83,8 +83,8 @@ def browser(session: nox.Session) -> None:
     session.install("-e", ".[test,browser]")
     env = {"SQLAQ_BROWSER": chromium, "SQLAQ_DASHBOARD_SCREENSHOT": "docs/dashboard.png"}
     session.run(
-        "pytest", "-p", "no:cacheprovider", "tests/process/test_dashboard_browser.py", *session.posargs,
-        env=env,
+        "pytest", "-p", "no:cacheprovider", "tests/process/test_dashboard_browser.py",
+        *session.posargs, env=env,
     )  # fmt: skip
 
 
