@@ -1,6 +1,6 @@
 """Bad input raises InvalidJobError before any SQL runs, and nothing is written.
 
-One test per item of DESIGN.md A3's list, for enqueue, enqueue_many and the ORM Job.
+One test per kind of bad input, for enqueue, enqueue_many and the ORM Job.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Debounce (issue 13): an enqueue with a debounce key while its job is still queued and
+"""Debounce: an enqueue with a debounce key while its job is still queued and
 never started updates that job (payload, ``run_at = now() + debounce`` capped by
 ``max_wait`` from the first enqueue) in one statement; racing enqueuers leave one job."""
 

@@ -1,4 +1,4 @@
-"""A job's own timeout (issue 13): ``enqueue(..., timeout=...)`` is stored with the job,
+"""A job's own timeout: ``enqueue(..., timeout=...)`` is stored with the job,
 returned by the claim, and used by the worker over its handler's, in both directions."""
 
 from __future__ import annotations

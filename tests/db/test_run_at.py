@@ -1,5 +1,5 @@
 """Absolute times: enqueue(..., run_at=aware datetime), in enqueue, enqueue_many, the
-async twin and the operator command; naive datetimes refused (issue 13)."""
+async twin and the operator command; naive datetimes refused."""
 
 from __future__ import annotations
 

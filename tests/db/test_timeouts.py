@@ -1,4 +1,4 @@
-"""Job timeouts (issue 13): an async handler is cancelled at its deadline; a sync one,
+"""Job timeouts: an async handler is cancelled at its deadline; a sync one,
 which nothing can interrupt, has its attempt written as timed out at the deadline, due
 again only after its lease, and its late result dropped."""
 

@@ -1,4 +1,4 @@
-"""unique_for (issue 13): no second job of ``(kind, dedupe_key)`` within the period after
+"""unique_for: no second job of ``(kind, dedupe_key)`` within the period after
 the first's enqueue, whatever became of the first; held enqueues report the holder, the
 caller's transaction stays usable, racing enqueuers insert exactly one."""
 

@@ -1,4 +1,4 @@
-"""Nothing one job does can take a worker down (issue 10), against a real PostgreSQL.
+"""Nothing one job does can take a worker down, against a real PostgreSQL.
 
 Each test reproduces a defect seen before the rebuild: an outcome the server refuses in
 a batch of good ones, a snooze "for ever", a retry delay too large to store, a worker

@@ -1,5 +1,5 @@
 """Transactional handlers: the handler's writes commit with the job's completion, or
-not at all (issue 12), against a real PostgreSQL."""
+not at all, against a real PostgreSQL."""
 
 from __future__ import annotations
 
