@@ -168,7 +168,7 @@ async def test_claim_complete_fail_extend_on_held_leases(aconn: AsyncExecutor) -
     ids = [(await aq.enqueue(aconn, "k", {"i": i}, priority=-i)).job_id for i in range(4)]
     claimed = await aq.claim(aconn, worker_id=uuid.uuid4(), limit=4, lease=LEASE)
     assert [j.id for j in claimed] == ids
-    extended = await aq.extend_lease(aconn, [j.lease for j in claimed], lease=timedelta(hours=1))
+    extended = await aq.extend_lease(aconn, [j.lease for j in claimed], length=timedelta(hours=1))
     assert [lease.job_id for lease in extended] == ids
     assert await aq.complete(aconn, [claimed[0].lease, claimed[1].lease]) == ids[:2]
     retry_in = timedelta(seconds=5)
@@ -176,6 +176,17 @@ async def test_claim_complete_fail_extend_on_held_leases(aconn: AsyncExecutor) -
     assert await aq.fail(aconn, claimed[3].lease, "final") == JobStatus.FAILED
     statuses = dict(await rows(aconn, "SELECT id, status FROM sqlaq_jobs"))
     assert [statuses[i] for i in ids] == ["done", "done", "queued", "failed"]
+
+
+async def test_extend_lease_still_takes_its_old_keyword_with_a_warning(
+    aconn: AsyncExecutor,
+) -> None:
+    await aq.enqueue(aconn, "k")
+    job = await claim_one(aconn)
+    with pytest.warns(DeprecationWarning, match="pass length=") as warned:
+        (renewed,) = await aq.extend_lease(aconn, job.lease, lease=timedelta(hours=2))
+    assert warned[0].filename == __file__  # it points at the caller's line
+    assert renewed.expires_at == await scalar(aconn, "SELECT now() + interval '2 hours'")
 
 
 async def test_a_narrowed_claim_takes_only_matching_jobs(aconn: AsyncExecutor) -> None:

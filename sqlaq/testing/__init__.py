@@ -191,7 +191,7 @@ def _run(
     handler = registry.get(job.kind)
 
     def renew(context: JobContext, length: timedelta) -> Lease:
-        (lease,) = ops.extend_lease(conn, context.lease, lease=length)
+        (lease,) = ops.extend_lease(conn, context.lease, length=length)
         return lease
 
     run = Run.of(job, handler, DRAIN_LEASE, renew)
