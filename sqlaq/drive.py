@@ -361,8 +361,13 @@ def check_sync(conn: object, name: str, module: str) -> None:
 
 
 def public_name(name: str, module: str) -> str:
-    """Where a sync operation is best imported from: ``sqlaq.<name>`` if exported."""
-    # The package, already imported (it is this module's parent); looked up, not imported,
-    # so that this low layer does not depend on the package's top.
-    package = sys.modules.get("sqlaq")
-    return f"sqlaq.{name}" if hasattr(package, name) else f"{module}.{name}"
+    """Where a sync function is best imported from: ``sqlaq.<name>`` if exported, else
+    the shortest package of *module* that exports it (``sqlaq.ops.notify_queues``)."""
+    # Looked up, not imported (a package is imported before its modules), so that this
+    # low layer does not depend on the package's top.
+    parts = module.split(".")
+    for end in range(1, len(parts) + 1):
+        package = ".".join(parts[:end])
+        if hasattr(sys.modules.get(package), name):
+            return f"{package}.{name}"
+    return f"{module}.{name}"

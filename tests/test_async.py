@@ -274,6 +274,50 @@ async def test_enqueue_periodic_and_notify_queues(aconn: AsyncExecutor) -> None:
     assert await aq.notify_queues(aconn, ["default"]) is None
 
 
+async def test_pause_resume_and_the_operators_reads(aconn: AsyncExecutor) -> None:
+    await aq.enqueue(aconn, "k", queue="q")
+    assert await aq.pause(aconn, "q", by="ops@host") is True
+    assert await aq.pause(aconn, "q") is False  # already paused: the first pause is kept
+    (paused,) = await aq.paused_queues(aconn)
+    assert (paused.queue, paused.paused_by) == ("q", "ops@host")
+    assert isinstance(paused, sqlaq.PausedQueue)
+    assert await aq.claim(aconn, worker_id=uuid.uuid4(), queue="q") == []
+    assert await aq.resume(aconn, "q") is True
+    assert await aq.paused_queues(aconn) == []
+    assert len(await aq.claim(aconn, worker_id=uuid.uuid4(), queue="q")) == 1
+    worker_id = uuid.uuid4()
+    await aconn.execute(
+        text(
+            "INSERT INTO sqlaq_workers (worker_id, hostname, pid, queues, concurrency)"
+            " VALUES (:id, 'h', 7, '{q}', 2)"
+        ),
+        {"id": worker_id},
+    )
+    (worker,) = [w for w in await aq.list_workers(aconn) if w.worker_id == worker_id]
+    assert (worker.hostname, worker.pid, worker.queues, worker.concurrency) == ("h", 7, ("q",), 2)
+
+
+async def test_explain_result_and_complete_with_result(aconn: AsyncExecutor) -> None:
+    job_id = (await aq.enqueue(aconn, "k", queue="q", delay=timedelta(hours=1))).job_id
+    codes = [reason.code for reason in await aq.explain(aconn, job_id)]
+    assert codes[0] is sqlaq.ReasonCode.NOT_DUE
+    assert (await aq.result(aconn, job_id)).status is JobStatus.QUEUED
+    await aq.enqueue(aconn, "k", queue="now")
+    job = await claim_one(aconn, queue="now")
+    assert await aq.complete_with_result(aconn, job.lease, '{"n": 1}') is True
+    outcome = await aq.result(aconn, job.id)
+    assert (outcome.status, outcome.result) == (JobStatus.DONE, {"n": 1})
+    with pytest.raises(sqlaq.JobNotFoundError):
+        await aq.result(aconn, job_id + 1000)
+
+
+async def test_travel_moves_the_queues_clock(aconn: AsyncExecutor) -> None:
+    job_id = (await aq.enqueue(aconn, "k", delay=timedelta(hours=1))).job_id
+    assert await aq.claim(aconn, worker_id=uuid.uuid4()) == []
+    assert await aq.travel(aconn, timedelta(hours=1)) is None
+    assert [j.id for j in await aq.claim(aconn, worker_id=uuid.uuid4())] == [job_id]
+
+
 async def test_the_test_helpers(aconn: AsyncExecutor) -> None:
     await aq.enqueue(aconn, "mail", {"to": "a", "x": 1}, queue="q")
     (found,) = await aq.enqueued_jobs(aconn, "mail", payload={"to": "a"})
