@@ -33,12 +33,11 @@ import sys
 from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeGuard, TypeVar
 
 import psycopg
 from sqlalchemy.exc import DBAPIError
 
-from sqlaq.explain import explain as _sync_explain
 from sqlaq import ops, periodic, queries, results
 from sqlaq.drive import (
     ASYNC_ENGINE,
@@ -56,6 +55,7 @@ from sqlaq.drive import (
 )
 from sqlaq.dsn import connection_params
 from sqlaq.errors import ConfigError
+from sqlaq.explain import explain as _sync_explain
 from sqlaq.results import JobOutcome
 from sqlaq.schema import FINISH_CHANNEL
 from sqlaq.transient import describe
@@ -198,7 +198,7 @@ async def _copy(conn: AsyncExecutor, step: Copy) -> int:
     )
 
 
-def _is_connection(conn: object) -> bool:
+def _is_connection(conn: object) -> TypeGuard[AsyncConnection]:
     """Whether *conn* is an AsyncConnection (not a session)."""
     aio = sys.modules.get("sqlalchemy.ext.asyncio")  # imported if conn is one of its
     return aio is not None and isinstance(conn, aio.AsyncConnection)

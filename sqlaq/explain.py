@@ -119,8 +119,8 @@ def explain(
         return (yield from _finished(job, status, now))
     if status is JobStatus.RUNNING:
         return [(yield from _running(job, now))]
-    reasons = (yield from _held(job, now, registry))
-    worker = (yield from _no_worker(job.queue, stale_after))
+    reasons = yield from _held(job, now, registry)
+    worker = yield from _no_worker(job.queue, stale_after)
     if worker is not None:
         reasons.append(worker)
     if not reasons or all(r.code is ReasonCode.NO_WORKER for r in reasons):
@@ -155,7 +155,7 @@ def _finished(job: Any, status: JobStatus, now: datetime) -> Plan[list[Reason]]:
 
 
 def _running(job: Any, now: datetime) -> Plan[Reason]:
-    holder = (yield from _worker_name(job.locked_by))
+    holder = yield from _worker_name(job.locked_by)
     if job.run_at > now:
         return Reason(
             ReasonCode.RUNNING,
@@ -189,7 +189,7 @@ def _held(job: Any, now: datetime, registry: Registry | None) -> Plan[list[Reaso
             )
         )
     if registry is not None:
-        reasons += (yield from _limits(job, now, registry))
+        reasons += yield from _limits(job, now, registry)
     return reasons
 
 

@@ -453,7 +453,9 @@ async def test_an_async_operation_refuses_sync_objects_naming_the_original(
         with pytest.raises(ConfigError, match=r"use sqlaq\.testing\.enqueued_jobs \(not"):
             await aq.enqueued_jobs(conn)  # type: ignore[arg-type]
         assert not conn.in_transaction()
-    with pytest.raises(ConfigError, match=r"given an Engine: use sqlaq\.enqueue \(not awaited\) on a"):
+    with pytest.raises(
+        ConfigError, match=r"given an Engine: use sqlaq\.enqueue \(not awaited\) on a"
+    ):
         await aq.enqueue(engine, "k")  # type: ignore[arg-type]
 
 
