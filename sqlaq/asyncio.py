@@ -19,9 +19,16 @@ plan, in :mod:`sqlaq.ops` (or :mod:`sqlaq.periodic`), and :func:`asynchronous` m
 each function here from the plan of its sync original (see :mod:`sqlaq.drive`); what is
 here is the async driver, which only runs a plan's steps: ``await conn.execute(...)``,
 a savepoint, an autocommit check, a COPY through the driver's own connection
-(psycopg's ``copy``, asyncpg's ``copy_records_to_table``). The read-only test helpers
-:func:`enqueued_jobs` and :func:`assert_enqueued` run their sync originals through
-``run_sync``.
+(psycopg's ``copy``, asyncpg's ``copy_records_to_table``). The twins of
+:mod:`sqlaq.testing`'s helpers (:func:`travel`, :func:`enqueued_jobs`,
+:func:`assert_enqueued`) are made on first use, so importing this module imports
+neither the test helpers nor the worker; nor does it import SQLAlchemy's asyncio (and
+with it the ORM) itself: the caller's objects are told apart by
+:func:`sqlaq.drive.kind_of`.
+
+Given a sync Connection, Session or Engine, each function here raises
+:class:`~sqlaq.errors.ConfigError` naming the sync function to use; on a database
+without sqlaq's schema, :class:`~sqlaq.errors.SchemaOutOfDateError` naming the fix.
 """
 
 from __future__ import annotations

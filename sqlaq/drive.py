@@ -28,7 +28,10 @@ yield:
   caller's transaction; the number of rows.
 
 A sync operation handed an async object (and an async one handed a sync object) raises
-:class:`~sqlaq.errors.ConfigError` naming the function to use, before any SQL.
+:class:`~sqlaq.errors.ConfigError` naming the function to use, before any SQL: both
+drivers tell the kinds apart here (:func:`kind_of`, :func:`wrong_kind`). A statement
+that finds no sqlaq table or column raises :class:`~sqlaq.errors.SchemaOutOfDateError`
+naming the fix, from both drivers (:func:`schema_error`).
 """
 
 from __future__ import annotations
