@@ -38,14 +38,15 @@ if TYPE_CHECKING:
     from sqlaq import migrations, queries
     from sqlaq.config import WorkerConfig
     from sqlaq.context import JobContext, current_job
-    from sqlaq.control import PausedQueue, WorkerInfo, list_workers, pause, paused_queues, resume
     from sqlaq.models import Job
     from sqlaq.ops import (
         ClaimedJob,
         EnqueueOutcome,
         EnqueueResult,
         LimitedClaim,
+        PausedQueue,
         PruneResult,
+        WorkerInfo,
         cancel,
         claim,
         claim_limited,
@@ -56,7 +57,11 @@ if TYPE_CHECKING:
         extend_lease,
         fail,
         handback,
+        list_workers,
+        pause,
+        paused_queues,
         prune,
+        resume,
         retry,
         snooze,
         sweep,
@@ -73,10 +78,6 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(("migrations", "queries"), ""),
     "WorkerConfig": "sqlaq.config",
     **dict.fromkeys(("JobContext", "current_job"), "sqlaq.context"),
-    **dict.fromkeys(
-        ("PausedQueue", "WorkerInfo", "list_workers", "pause", "paused_queues", "resume"),
-        "sqlaq.control",
-    ),
     "Job": "sqlaq.models",
     **dict.fromkeys(
         (
@@ -84,7 +85,9 @@ _LAZY: dict[str, str] = {
             "EnqueueOutcome",
             "EnqueueResult",
             "LimitedClaim",
+            "PausedQueue",
             "PruneResult",
+            "WorkerInfo",
             "cancel",
             "claim",
             "claim_limited",
@@ -95,7 +98,11 @@ _LAZY: dict[str, str] = {
             "extend_lease",
             "fail",
             "handback",
+            "list_workers",
+            "pause",
+            "paused_queues",
             "prune",
+            "resume",
             "retry",
             "snooze",
             "sweep",

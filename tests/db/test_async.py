@@ -168,7 +168,7 @@ async def test_claim_complete_fail_extend_on_held_leases(aconn: AsyncExecutor) -
     ids = [(await aq.enqueue(aconn, "k", {"i": i}, priority=-i)).job_id for i in range(4)]
     claimed = await aq.claim(aconn, worker_id=uuid.uuid4(), limit=4, lease=LEASE)
     assert [j.id for j in claimed] == ids
-    extended = await aq.extend_lease(aconn, [j.lease for j in claimed], lease=timedelta(hours=1))
+    extended = await aq.extend_lease(aconn, [j.lease for j in claimed], length=timedelta(hours=1))
     assert [lease.job_id for lease in extended] == ids
     assert await aq.complete(aconn, [claimed[0].lease, claimed[1].lease]) == ids[:2]
     retry_in = timedelta(seconds=5)
@@ -176,6 +176,17 @@ async def test_claim_complete_fail_extend_on_held_leases(aconn: AsyncExecutor) -
     assert await aq.fail(aconn, claimed[3].lease, "final") == JobStatus.FAILED
     statuses = dict(await rows(aconn, "SELECT id, status FROM sqlaq_jobs"))
     assert [statuses[i] for i in ids] == ["done", "done", "queued", "failed"]
+
+
+async def test_extend_lease_still_takes_its_old_keyword_with_a_warning(
+    aconn: AsyncExecutor,
+) -> None:
+    await aq.enqueue(aconn, "k")
+    job = await claim_one(aconn)
+    with pytest.warns(DeprecationWarning, match="pass length=") as warned:
+        (renewed,) = await aq.extend_lease(aconn, job.lease, lease=timedelta(hours=2))
+    assert warned[0].filename == __file__  # it points at the caller's line
+    assert renewed.expires_at == await scalar(aconn, "SELECT now() + interval '2 hours'")
 
 
 async def test_a_narrowed_claim_takes_only_matching_jobs(aconn: AsyncExecutor) -> None:
@@ -261,6 +272,50 @@ async def test_enqueue_periodic_and_notify_queues(aconn: AsyncExecutor) -> None:
     (job,) = await aq.enqueue_periodic(aconn, [hourly], now=now + timedelta(hours=1))
     assert job.name == "tick"
     assert await aq.notify_queues(aconn, ["default"]) is None
+
+
+async def test_pause_resume_and_the_operators_reads(aconn: AsyncExecutor) -> None:
+    await aq.enqueue(aconn, "k", queue="q")
+    assert await aq.pause(aconn, "q", by="ops@host") is True
+    assert await aq.pause(aconn, "q") is False  # already paused: the first pause is kept
+    (paused,) = await aq.paused_queues(aconn)
+    assert (paused.queue, paused.paused_by) == ("q", "ops@host")
+    assert isinstance(paused, sqlaq.PausedQueue)
+    assert await aq.claim(aconn, worker_id=uuid.uuid4(), queue="q") == []
+    assert await aq.resume(aconn, "q") is True
+    assert await aq.paused_queues(aconn) == []
+    assert len(await aq.claim(aconn, worker_id=uuid.uuid4(), queue="q")) == 1
+    worker_id = uuid.uuid4()
+    await aconn.execute(
+        text(
+            "INSERT INTO sqlaq_workers (worker_id, hostname, pid, queues, concurrency)"
+            " VALUES (:id, 'h', 7, '{q}', 2)"
+        ),
+        {"id": worker_id},
+    )
+    (worker,) = [w for w in await aq.list_workers(aconn) if w.worker_id == worker_id]
+    assert (worker.hostname, worker.pid, worker.queues, worker.concurrency) == ("h", 7, ("q",), 2)
+
+
+async def test_explain_result_and_complete_with_result(aconn: AsyncExecutor) -> None:
+    job_id = (await aq.enqueue(aconn, "k", queue="q", delay=timedelta(hours=1))).job_id
+    codes = [reason.code for reason in await aq.explain(aconn, job_id)]
+    assert codes[0] is sqlaq.ReasonCode.NOT_DUE
+    assert (await aq.result(aconn, job_id)).status is JobStatus.QUEUED
+    await aq.enqueue(aconn, "k", queue="now")
+    job = await claim_one(aconn, queue="now")
+    assert await aq.complete_with_result(aconn, job.lease, '{"n": 1}') is True
+    outcome = await aq.result(aconn, job.id)
+    assert (outcome.status, outcome.result) == (JobStatus.DONE, {"n": 1})
+    with pytest.raises(sqlaq.JobNotFoundError):
+        await aq.result(aconn, job_id + 1000)
+
+
+async def test_travel_moves_the_queues_clock(aconn: AsyncExecutor) -> None:
+    job_id = (await aq.enqueue(aconn, "k", delay=timedelta(hours=1))).job_id
+    assert await aq.claim(aconn, worker_id=uuid.uuid4()) == []
+    assert await aq.travel(aconn, timedelta(hours=1)) is None
+    assert [j.id for j in await aq.claim(aconn, worker_id=uuid.uuid4())] == [job_id]
 
 
 async def test_the_test_helpers(aconn: AsyncExecutor) -> None:
@@ -381,7 +436,7 @@ async def test_a_sync_operation_refuses_async_objects_naming_the_twin(
 ) -> None:
     async with async_engine.connect() as conn, AsyncSession(async_engine) as session:
         for given in (conn, session, async_engine):
-            with pytest.raises(ConfigError, match=r"use 'await sqlaq\.asyncio\.enqueue\(\.\.\.\)'"):
+            with pytest.raises(ConfigError, match=r"use sqlaq\.asyncio\.enqueue \(awaited\)"):
                 sqlaq.enqueue(given, "k")  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match=r"sqlaq\.asyncio\.notify_queues"):
             sqlaq.ops.notify_queues(conn, ["q"])  # type: ignore[arg-type]
@@ -393,12 +448,14 @@ async def test_an_async_operation_refuses_sync_objects_naming_the_original(
 ) -> None:
     with engine.connect() as conn, Session(engine) as session:
         for given in (conn, session):
-            with pytest.raises(ConfigError, match=r"use 'sqlaq\.complete\(\.\.\.\)', not awaited"):
+            with pytest.raises(ConfigError, match=r"use sqlaq\.complete \(not awaited\)$"):
                 await aq.complete(given, [])  # type: ignore[arg-type]
-        with pytest.raises(ConfigError, match=r"use 'sqlaq\.testing\.enqueued_jobs"):
+        with pytest.raises(ConfigError, match=r"use sqlaq\.testing\.enqueued_jobs \(not"):
             await aq.enqueued_jobs(conn)  # type: ignore[arg-type]
         assert not conn.in_transaction()
-    with pytest.raises(ConfigError, match=r"not Engine: e\.g\. 'async with async_engine\.begin"):
+    with pytest.raises(
+        ConfigError, match=r"given an Engine: use sqlaq\.enqueue \(not awaited\) on a"
+    ):
         await aq.enqueue(engine, "k")  # type: ignore[arg-type]
 
 
@@ -459,9 +516,9 @@ async def test_scoped_sessions_go_to_their_own_kind_of_operation(
     sync_scoped = scoped_session(sessionmaker(engine))
     try:
         assert not sqlaq.enqueue(sync_scoped, "k").duplicate
-        with pytest.raises(ConfigError, match=r"use 'sqlaq\.enqueue\(\.\.\.\)', not awaited"):
+        with pytest.raises(ConfigError, match=r"use sqlaq\.enqueue \(not awaited\)$"):
             await aq.enqueue(sync_scoped, "k")  # type: ignore[arg-type]
-        with pytest.raises(ConfigError, match=r"use 'await sqlaq\.asyncio\.enqueue\(\.\.\.\)'"):
+        with pytest.raises(ConfigError, match=r"use sqlaq\.asyncio\.enqueue \(awaited\)$"):
             sqlaq.enqueue(scoped, "k")  # type: ignore[arg-type]
         sync_scoped.rollback()
     finally:

@@ -161,8 +161,8 @@ def test_claim_and_extend_reject_a_bad_lease(conn: Connection, lease: Any) -> No
         sqlaq.claim(conn, worker_id=uuid.uuid4(), lease=lease)
     assert count_jobs(conn, "status = 'queued'") == 1
     (job,) = sqlaq.claim(conn, worker_id=uuid.uuid4())
-    with pytest.raises(InvalidJobError, match="lease must be"):
-        sqlaq.extend_lease(conn, job.lease, lease=lease)
+    with pytest.raises(InvalidJobError, match="length must be"):
+        sqlaq.extend_lease(conn, job.lease, length=lease)
 
 
 def test_fail_rejects_a_negative_retry_delay(conn: Connection) -> None:
@@ -277,8 +277,8 @@ def test_every_duration_argument_is_bounded_to_100_years(conn: Connection) -> No
     with pytest.raises(InvalidJobError, match="delay must be at most 100 years"):
         NewJob("k", delay=TOO_LONG)
     (job,) = sqlaq.claim(conn, worker_id=worker, lease=MAX_DURATION)
-    with pytest.raises(InvalidJobError, match="lease must be at most 100 years"):
-        sqlaq.extend_lease(conn, job.lease, lease=TOO_LONG)
+    with pytest.raises(InvalidJobError, match="length must be at most 100 years"):
+        sqlaq.extend_lease(conn, job.lease, length=TOO_LONG)
     with pytest.raises(InvalidJobError, match="retry_in must be at most 100 years"):
         sqlaq.fail(conn, job.lease, "boom", retry_in=timedelta.max)
     assert count_jobs(conn, "status = 'running'") == 1

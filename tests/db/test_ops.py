@@ -205,7 +205,7 @@ def test_stale_lease_changes_nothing_after_reclaim(conn: Connection, same_worker
     with pytest.raises(sqlaq.LeaseLostError):
         sqlaq.fail(conn, stale.lease, "late", retry_in=timedelta(0))
     with pytest.raises(sqlaq.LeaseLostError):
-        sqlaq.extend_lease(conn, stale.lease, lease=timedelta(hours=1))
+        sqlaq.extend_lease(conn, stale.lease, length=timedelta(hours=1))
     assert sqlaq.complete(conn, stale.lease, raise_on_lost=False) == []
     assert sqlaq.fail(conn, stale.lease, "late", raise_on_lost=False) is None
     assert sqlaq.extend_lease(conn, [stale.lease], raise_on_lost=False) == []
@@ -229,13 +229,25 @@ def test_complete_applies_held_leases_and_reports_lost_ones(conn: Connection) ->
 def test_extend_lease_moves_the_end_from_database_now(conn: Connection) -> None:
     sqlaq.enqueue(conn, "k")
     job = claim_one(conn)
-    (renewed,) = sqlaq.extend_lease(conn, job.lease, lease=timedelta(minutes=10))
+    (renewed,) = sqlaq.extend_lease(conn, job.lease, length=timedelta(minutes=10))
     expected = conn.execute(text("SELECT now() + interval '10 minutes'")).scalar_one()
     assert renewed.expires_at == expected == job_row(conn, job.id).run_at
     assert renewed.token == job.lease.token
     # An expired-but-not-reclaimed lease may still be extended: the job is still ours.
     expire_lease(conn, job.id)
     assert len(sqlaq.extend_lease(conn, job.lease)) == 1
+
+
+def test_extend_lease_still_takes_its_old_keyword_with_a_warning(conn: Connection) -> None:
+    sqlaq.enqueue(conn, "k")
+    job = claim_one(conn)
+    with pytest.warns(DeprecationWarning, match="pass length=") as warned:
+        (renewed,) = sqlaq.extend_lease(conn, job.lease, lease=timedelta(minutes=20))
+    assert warned[0].filename == __file__  # it points at the caller's line
+    expected = conn.execute(text("SELECT now() + interval '20 minutes'")).scalar_one()
+    assert renewed.expires_at == expected == job_row(conn, job.id).run_at
+    with pytest.raises(sqlaq.ConfigError, match="not both"):
+        sqlaq.extend_lease(conn, job.lease, length=timedelta(1), lease=timedelta(2))
 
 
 def test_fail_with_attempts_left_requeues_after_backoff(conn: Connection) -> None:

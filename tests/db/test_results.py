@@ -462,7 +462,9 @@ def test_wait_refuses_bad_durations_before_connecting(
 
 
 def test_wait_refuses_what_has_no_engine_and_ids_that_are_not_ints(committed: Engine) -> None:
-    with pytest.raises(sqlaq.ConfigError, match="wait needs an Engine"):
+    with pytest.raises(
+        sqlaq.ConfigError, match=r"^sqlaq\.wait\(\) was given a str: pass a Connection"
+    ):
         sqlaq.wait("postgresql://", 1, timeout=1)  # type: ignore[arg-type]
     with pytest.raises(sqlaq.ConfigError, match="a job id must be an int"):
         sqlaq.wait(committed, "1", timeout=1)  # type: ignore[arg-type]

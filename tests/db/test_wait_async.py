@@ -167,7 +167,13 @@ async def test_wait_on_an_unknown_job_raises_and_closes_its_connection(
         ("engine", 1, {"timeout": -1}, sqlaq.InvalidJobError, "timeout must be zero or more"),
         ("engine", 1, {"timeout": 1, "poll_interval": 0}, sqlaq.InvalidJobError, "more than zero"),
         ("engine", "1", {"timeout": 1}, sqlaq.ConfigError, "a job id must be an int"),
-        ("sync", 1, {"timeout": 1}, sqlaq.ConfigError, "use sqlaq.wait with a sync one"),
+        (
+            "sync",
+            1,
+            {"timeout": 1},
+            sqlaq.ConfigError,
+            r"^sqlaq\.asyncio\.wait\(\) was given an Engine: use sqlaq\.wait \(not awaited\)$",
+        ),
     ],
 )
 async def test_wait_refuses_bad_input_before_connecting(
@@ -183,3 +189,16 @@ async def test_wait_refuses_bad_input_before_connecting(
     with pytest.raises(error, match=message):
         await aq.wait(given, job_id, **kw)
     assert _wait_backends(committed) == 0
+
+
+async def test_the_sync_wait_given_async_objects_names_the_async_wait(
+    async_engine: AsyncEngine,
+) -> None:
+    async with async_engine.connect() as conn:
+        for given, kind in ((async_engine, "AsyncEngine"), (conn, "AsyncConnection")):
+            with pytest.raises(sqlaq.ConfigError) as refused:
+                sqlaq.wait(given, 1, timeout=1)  # type: ignore[arg-type]
+            assert str(refused.value) == (
+                f"sqlaq.wait() was given an {kind}: use sqlaq.asyncio.wait (awaited)"
+            )
+        assert not conn.in_transaction()  # nothing ran

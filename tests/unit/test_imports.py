@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import sqlaq
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +49,37 @@ def test_the_worker_command_does_not_import_the_orm_or_other_commands() -> None:
 def test_importing_the_package_imports_no_orm() -> None:
     loaded = _modules_after("import sqlaq")
     assert sorted(set(NOT_IN_A_WORKER) & loaded) == []
+
+
+#: What neither ``import sqlaq`` nor ``import sqlaq.asyncio`` may load, with every module
+#: under it: the worker, the test helpers, the ORM (and SQLAlchemy's asyncio, which
+#: imports the ORM): an application that only enqueues never runs them.
+NOT_ON_IMPORT = ("sqlaq.worker", "sqlaq.testing", "sqlalchemy.orm", "sqlalchemy.ext.asyncio")
+
+
+def _under(loaded: set[str], packages: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded if any(m == p or m.startswith(f"{p}.") for p in packages))
+
+
+@pytest.mark.parametrize("statement", ["import sqlaq", "import sqlaq.asyncio"])
+def test_importing_sqlaq_or_its_asyncio_loads_no_worker_test_helper_or_orm(
+    statement: str,
+) -> None:
+    loaded = _modules_after(statement)
+    assert _under(loaded, NOT_ON_IMPORT) == []
+    assert statement.split()[1] in loaded
+
+
+def test_the_async_test_helpers_import_sqlaq_testing_when_first_used() -> None:
+    loaded = _modules_after(
+        "import sys, sqlaq.asyncio as aq\n"
+        "assert 'sqlaq.testing' not in sys.modules\n"
+        "assert 'travel' in dir(aq) and 'travel' in aq.__all__\n"
+        "from sqlaq.asyncio import travel\n"
+        "assert aq.travel is travel and travel.__name__ == 'travel'\n"
+        "assert not hasattr(aq, 'travell')"
+    )
+    assert "sqlaq.testing" in loaded
 
 
 def test_lazy_names_resolve_and_stay_resolved() -> None:
