@@ -34,6 +34,9 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
+#: Where the test client sends its requests: a host name the dashboard answers by
+#: default (Starlette's ``testserver`` is not one).
+LOCAL = "http://localhost"
 #: What the failed job's payload and error hold: both must be shown as text.
 SCRIPT = "<script>alert('sqlaq')</script>"
 ERROR = f"ValueError: bad address {SCRIPT}\nTraceback (most recent call last):\n  File x"
@@ -85,7 +88,7 @@ def jobs(committed: Engine) -> dict[str, int]:
 
 @pytest.fixture
 def client(committed: Engine) -> Iterator[TestClient]:
-    with TestClient(dashboard_app(committed)) as c:
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as c:
         yield c
 
 
@@ -351,7 +354,7 @@ def test_an_action_without_the_csrf_token_is_refused(
     field: str | None,
     headers: dict[str, str],
 ) -> None:
-    with TestClient(dashboard_app(committed)) as client:
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as client:
         real = token(client)
         client.cookies.clear()
         if cookie:
@@ -488,7 +491,7 @@ def test_delete_finished_counts_first_then_deletes_old_finished_jobs(
 
 def test_read_only_hides_and_refuses_every_action(committed: Engine, jobs: dict[str, int]) -> None:
     fail_jobs(committed, "sync", ["IOError: down"])
-    with TestClient(dashboard_app(committed, read_only=True)) as client:
+    with TestClient(dashboard_app(committed, read_only=True), base_url=LOCAL) as client:
         page = client.get(f"/jobs/{jobs['failed']}").text
         assert "read-only" in page
         assert "<form" not in page
@@ -536,7 +539,7 @@ def test_workers_page_shows_concurrency_and_rates_in_use(
             rate=sqlaq.Rate.parse("5/m"),
         )
         assert len(claim.jobs) == 1
-    with TestClient(dashboard_app(committed, registry=registry)) as client:
+    with TestClient(dashboard_app(committed, registry=registry), base_url=LOCAL) as client:
         html = client.get("/workers").text
     kinds = re.findall(
         r'<tr>\s*<td><a[^>]*>(\w+)</a></td>\s*<td class="num">(\d+)</td>\s*'
@@ -546,7 +549,7 @@ def test_workers_page_shows_concurrency_and_rates_in_use(
     assert kinds == [("geocode", "1", "-"), ("resize_image", "1", "3")]
     assert re.search(r"<td>geocode</td><td>5/60s</td><td class=\"num\">1</td>", html), html
     assert html.count("<code>") >= 2  # the workers holding the two running jobs
-    with TestClient(dashboard_app(committed)) as client:
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as client:
         bare = client.get("/workers").text
     assert "pass it to <code>sqlaq.dashboard.app(engine, registry=...)</code>" in bare
 
@@ -558,11 +561,11 @@ def test_schedules_page_shows_last_slot_and_next_with_a_registry(committed: Engi
     first = datetime(2026, 1, 5, 8, 30, tzinfo=UTC)
     with committed.begin() as conn:
         sqlaq.enqueue_periodic(conn, registry.periodics, now=first)  # records the slot
-    with TestClient(dashboard_app(committed)) as client:
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as client:
         html = client.get("/schedules").text
     assert "<td>hourly</td>" in html
     assert "2026-01-05 08:00:00" in html
-    with TestClient(dashboard_app(committed, registry=registry)) as client:
+    with TestClient(dashboard_app(committed, registry=registry), base_url=LOCAL) as client:
         html = client.get("/schedules").text
     assert "<code>0 * * * *</code>" in html
     row = re.search(r"<td>hourly</td>.*?</tr>", html, re.S)
@@ -581,7 +584,7 @@ def test_a_database_without_the_schema_gets_one_page_saying_what_to_run(
 ) -> None:
     engine = create_engine(empty_database_url)
     try:
-        with TestClient(dashboard_app(engine)) as client:
+        with TestClient(dashboard_app(engine), base_url=LOCAL) as client:
             for path in ("/", "/jobs", "/jobs/1", "/failures", "/workers", "/schedules", "/prune"):
                 response = client.get(path)
                 assert response.status_code == 503, path
@@ -603,7 +606,7 @@ def test_a_schema_behind_this_sqlaq_is_named_with_the_command(empty_database_url
     try:
         with engine.begin() as conn:
             sqlaq.migrations.upgrade(conn, "sqlaq_0001")
-        with TestClient(dashboard_app(engine)) as client:
+        with TestClient(dashboard_app(engine), base_url=LOCAL) as client:
             response = client.get("/")
         assert response.status_code == 503
         assert f"this sqlaq needs {sqlaq.migrations.HEAD}" in response.text
@@ -616,7 +619,7 @@ def test_mounted_in_a_host_app_every_link_stays_under_its_path(
     committed: Engine, jobs: dict[str, int]
 ) -> None:
     host = Starlette(routes=[Mount("/queue", app=dashboard_app(committed))])
-    with TestClient(host) as client:
+    with TestClient(host, base_url=LOCAL) as client:
         page = client.get("/queue/")
         assert page.status_code == 200
         links = re.findall(r'(?:href|src|action|data-api)="(/[^"]*)"', page.text)
@@ -640,7 +643,9 @@ def test_an_async_engine_is_accepted(database_url: str, committed: Engine) -> No
         database_url.replace("postgresql+psycopg://", "postgresql+psycopg_async://")
     )
     application = dashboard_app(async_engine)
-    with TestClient(application) as client:  # its lifespan disposes the engine it opened
+    with TestClient(
+        application, base_url=LOCAL
+    ) as client:  # its lifespan disposes the engine it opened
         assert client.get("/").status_code == 200
     await_dispose = async_engine.dispose()
     import asyncio
@@ -814,9 +819,9 @@ def test_a_bad_queue_action_is_refused(
 def test_pausing_needs_the_csrf_token_and_is_refused_read_only(
     controls: Engine, committed: Engine, jobs: dict[str, int]
 ) -> None:
-    with TestClient(dashboard_app(committed)) as client:
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as client:
         assert client.post("/queues/pause", data={"queue": "reports"}).status_code == 403
-    with TestClient(dashboard_app(committed, read_only=True)) as client:
+    with TestClient(dashboard_app(committed, read_only=True), base_url=LOCAL) as client:
         page = client.get("/").text
         assert ">Pause</button>" not in page
         form = {csrf.FIELD: client.cookies[csrf.COOKIE], "queue": "reports"}
