@@ -26,7 +26,7 @@ from starlette.routing import Mount
 import sqlaq
 from sqlaq import admin, queries
 from sqlaq.dashboard import app as dashboard_app
-from sqlaq.dashboard import csrf
+from sqlaq.dashboard import csrf, reads
 from tests.helpers import finish_long_ago, job_row
 
 with warnings.catch_warnings():
@@ -288,6 +288,110 @@ def test_job_page_shows_a_result_when_the_table_stores_one(
     html = client.get(f"/jobs/{jobs['done']}").text
     assert pre(html, "result") == json.dumps({"sent": SCRIPT}, indent=2)
     assert 'id="result"' not in client.get(f"/jobs/{jobs['queued']}").text
+
+
+def big_job(engine: Engine, size: int) -> int:
+    """A failed job whose payload, result and error each hold *size* characters or
+    more (with a script tag at the end, past what a page shows)."""
+    filler = "x" * size
+    with engine.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "big", {"blob": filler, "tail": SCRIPT}).job_id
+        conn.execute(
+            text(
+                "UPDATE sqlaq_jobs SET status = 'failed', finished_at = now(), attempts = 1,"
+                " result = CAST(:r AS jsonb), last_error = :e WHERE id = :id"
+            ),
+            {
+                "r": json.dumps({"rows": filler, "tail": SCRIPT}),
+                "e": f"MemoryError: {filler}\n{SCRIPT}",
+                "id": job_id,
+            },
+        )
+    return job_id
+
+
+def test_a_job_page_cuts_large_values_and_links_to_the_whole(
+    client: TestClient, committed: Engine
+) -> None:
+    job_id = big_job(committed, 300_000)
+    response = client.get(f"/jobs/{job_id}")
+    assert response.status_code == 200
+    html = response.text
+    assert len(html) < 3 * reads.SHOWN + 20_000  # three values cut, not 900 kB
+    payload, result, error = (pre(html, name) for name in ("payload", "result", "last-error"))
+    assert len(payload) == len(result) == len(error) == reads.SHOWN
+    assert payload.startswith('{"blob": "xxx')  # the start of its JSON text
+    assert result.startswith('{"rows": "xxx')
+    assert error.startswith("MemoryError: xxx")
+    for name, field in (("payload", "payload"), ("result", "result"), ("last-error", "last_error")):
+        assert f'id="{name}-cut"' in html
+        assert "Only the first 65,536 characters are shown." in html
+        link = re.search(rf'<a href="([^"]+)" id="{name}-raw" download>', html)
+        assert link, name
+        assert link.group(1) == f"/jobs/{job_id}/raw/{field}"
+    whole = client.get(f"/jobs/{job_id}/raw/payload")
+    assert whole.status_code == 200
+    assert whole.headers["content-type"] == "application/json"
+    disposition = whole.headers["content-disposition"]
+    assert disposition == f'attachment; filename="job-{job_id}-payload.json"'
+    assert whole.json() == {"blob": "x" * 300_000, "tail": SCRIPT}
+    assert client.get(f"/jobs/{job_id}/raw/result").json()["tail"] == SCRIPT
+    error_file = client.get(f"/jobs/{job_id}/raw/last_error")
+    assert error_file.headers["content-type"] == "text/plain; charset=utf-8"
+    assert error_file.headers["content-disposition"].endswith(f'job-{job_id}-last-error.txt"')
+    assert error_file.text == f"MemoryError: {'x' * 300_000}\n{SCRIPT}"
+
+
+def test_a_value_just_short_of_the_cut_is_shown_whole(
+    client: TestClient, committed: Engine
+) -> None:
+    # '{"blob": "' + filler + '", "tail": "' + SCRIPT + '"}': exactly SHOWN characters.
+    size = reads.SHOWN - len(json.dumps({"blob": "", "tail": SCRIPT}))
+    job_id = big_job(committed, size)
+    html = client.get(f"/jobs/{job_id}").text
+    assert 'id="payload-cut"' not in html
+    assert pre(html, "payload") == json.dumps({"blob": "x" * size, "tail": SCRIPT}, indent=2)
+    assert 'id="result-cut"' not in html
+    assert f'<a href="/jobs/{job_id}/raw/payload" id="payload-raw" download>' in html
+    longer = client.get(f"/jobs/{big_job(committed, size + 1)}").text
+    assert 'id="payload-cut"' in longer  # one character more
+    assert len(pre(longer, "payload")) == reads.SHOWN
+
+
+def test_downloading_a_value_that_is_not_there_is_a_404(
+    client: TestClient, committed: Engine, jobs: dict[str, int]
+) -> None:
+    assert client.get(f"/jobs/{jobs['queued']}/raw/result").status_code == 404
+    assert "has no result" in client.get(f"/jobs/{jobs['queued']}/raw/result").text
+    assert "has no last error" in client.get(f"/jobs/{jobs['queued']}/raw/last_error").text
+    assert client.get(f"/jobs/{jobs['queued']}/raw/payload").json() == {"report": 5}
+    assert client.get(f"/jobs/{jobs['queued']}/raw/headers").status_code == 404
+    assert client.get("/jobs/123456789/raw/payload").status_code == 404
+    assert client.get("/jobs/abc/raw/payload").status_code == 400
+
+
+def test_the_jobs_list_reads_no_payload_result_or_whole_error(
+    client: TestClient, committed: Engine
+) -> None:
+    job_id = big_job(committed, 300_000)
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(committed, "before_cursor_execute", record)
+    try:
+        html = client.get("/jobs").text
+    finally:
+        event.remove(committed, "before_cursor_execute", record)
+    (listing,) = [s for s in seen if "FROM sqlaq_jobs" in s and "ORDER BY sqlaq_jobs.id" in s]
+    assert "payload" not in listing
+    assert "result" not in listing
+    assert "left(sqlaq_jobs.last_error, " in listing
+    assert listing.count("last_error") == 1
+    assert len(html) < 20_000
+    assert "MemoryError: " + "x" * 60 in html  # the first line, cut for the table
+    assert f'href="/jobs/{job_id}"' in html
 
 
 @pytest.mark.parametrize("job_id", ["abc", "0", "-1", "99999999999999999999", "1.5"])
