@@ -58,6 +58,9 @@ BATCH_SIZE = 1000
 #: schema is older (or newer) than this sqlaq.
 _UNDEFINED = frozenset({"42703", "42P01", "42883"})
 
+#: The HTTP Basic user of ``sqlaq dashboard`` when a password is set and no user named.
+DASHBOARD_USER = "sqlaq"
+
 _ID = Integer(1, BIGINT_MAX)
 _SMALLINT = Integer(-32768, 32767)
 _INT4_POSITIVE = Integer(1, 2**31 - 1)
@@ -211,6 +214,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", type=typed(Text(), "--host"), default="127.0.0.1")
     p.add_argument("--port", type=typed(Integer(1, 65535), "--port"), default=8000)
     p.add_argument("--read-only", action="store_true", help="hide and refuse actions")
+    p.add_argument(
+        "--allowed-host",
+        type=typed(Text(), "--allowed-host"),
+        action="append",
+        metavar="NAME",
+        help="a host name the dashboard is served under, as browsers send it in the "
+        "Host header (repeatable; env: SQLAQ_DASHBOARD_ALLOWED_HOSTS, comma-separated; "
+        "default: localhost, 127.0.0.1, ::1 and --host)",
+    )
+    p.add_argument(
+        "--user",
+        type=typed(Text(), "--user"),
+        help=f"the HTTP Basic user (env: SQLAQ_DASHBOARD_USER; default: {DASHBOARD_USER})",
+    )
+    p.add_argument(
+        "--password-file",
+        type=typed(Text(), "--password-file"),
+        metavar="PATH",
+        help="ask for HTTP Basic auth with the password in this file (its first line; "
+        "env: SQLAQ_DASHBOARD_PASSWORD holds the password itself)",
+    )
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve a non-local --host without a password (only behind a proxy that authenticates)",
+    )
     return parser
 
 
@@ -233,6 +262,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = No
         if args.command == "migrate" and args.sql:
             out.write(migrations.upgrade_sql())
             return 0
+        if args.command == "dashboard":
+            _dashboard_access(args, environ)
         if args.command == "pause" and args.by is None:
             user = environ.get("USER") or environ.get("LOGNAME") or "unknown"
             args.by = f"{user}@{socket.gethostname()}"
@@ -638,14 +669,82 @@ def _enqueue(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _dashboard(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+#: Addresses that bind every interface: no name of their own to answer.
+_WILDCARDS = frozenset({"0.0.0.0", "::", "[::]", ""})  # noqa: S104 - names, not binds
+
+
+def _dashboard_access(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    """Settle who may reach ``sqlaq dashboard`` before anything connects: the host
+    names it answers (``args.allowed_hosts``) and its Basic auth (``args.auth``).
+
+    Raises:
+        UsageError: the dashboard extra is missing, an unreadable or empty password
+            file, or a non-local ``--host`` without a password nor ``--insecure-no-auth``.
+        ConfigError: a host name the dashboard cannot match.
+    """
     try:
-        from sqlaq import dashboard
+        from sqlaq.dashboard import guard
     except ImportError as exc:
         raise UsageError(f"dashboard: pip install 'sqlaq[dashboard]' ({exc})") from None
-    if args.host not in {"127.0.0.1", "localhost", "::1"}:
-        _notice(f"serving on {args.host}: the dashboard has no authentication of its own")
-    dashboard.serve(engine, host=args.host, port=args.port, read_only=args.read_only)
+    args.hosts_given = True
+    if args.allowed_host:
+        hosts = list(args.allowed_host)
+    elif environ.get("SQLAQ_DASHBOARD_ALLOWED_HOSTS", "").strip():
+        given = environ["SQLAQ_DASHBOARD_ALLOWED_HOSTS"].replace(",", " ").split()
+        hosts = [typed(Text(), "SQLAQ_DASHBOARD_ALLOWED_HOSTS")(h) for h in given]
+    else:
+        args.hosts_given = False
+        hosts = list(guard.LOCAL_HOSTS)
+        if args.host.lower() not in _WILDCARDS:
+            hosts.append(args.host)
+    args.allowed_hosts = guard.trusted_hosts(hosts)
+    args.user = args.user or environ.get("SQLAQ_DASHBOARD_USER") or DASHBOARD_USER
+    typed(Text(), "SQLAQ_DASHBOARD_USER")(args.user)
+    password = None
+    if args.password_file is not None:
+        try:
+            with open(args.password_file, encoding="utf-8") as file:
+                password = file.readline().rstrip("\r\n")
+        except (OSError, UnicodeError) as exc:
+            raise UsageError(f"--password-file: cannot read {args.password_file}: {exc}") from None
+        if not password:
+            raise UsageError(f"--password-file: {args.password_file} holds no password")
+    elif environ.get("SQLAQ_DASHBOARD_PASSWORD"):
+        password = typed(Text(), "SQLAQ_DASHBOARD_PASSWORD")(environ["SQLAQ_DASHBOARD_PASSWORD"])
+    args.auth = None if password is None else guard.basic_auth(args.user, password)
+    args.local = guard.is_local(args.host)
+    if password is None and not args.local and not args.insecure_no_auth:
+        raise UsageError(
+            f"dashboard: --host {args.host} lets other machines connect, and the dashboard "
+            "can retry, cancel and delete jobs: set a password (SQLAQ_DASHBOARD_PASSWORD or "
+            "--password-file), or pass --insecure-no-auth if a proxy authenticates"
+        )
+
+
+def _dashboard(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    from sqlaq import dashboard  # importable: checked by _dashboard_access
+
+    if args.auth is not None:
+        if not args.local:
+            _notice(
+                f"serving on {args.host} over plain HTTP: Basic auth sends the password "
+                "in clear text; put an HTTPS proxy in front"
+            )
+    elif not args.local:
+        _notice(f"serving on {args.host} without authentication (--insecure-no-auth)")
+    if args.host.lower() in _WILDCARDS and not args.hosts_given:
+        _notice(
+            f"answering requests for {', '.join(args.allowed_hosts)} only: name the "
+            "others with --allowed-host (or SQLAQ_DASHBOARD_ALLOWED_HOSTS)"
+        )
+    dashboard.serve(
+        engine,
+        host=args.host,
+        port=args.port,
+        read_only=args.read_only,
+        allowed_hosts=args.allowed_hosts,
+        auth=args.auth,
+    )
     return 0
 
 

@@ -4,8 +4,16 @@ Two ways to run it (both need ``pip install 'sqlaq[dashboard]'``):
 
 * ``sqlaq dashboard --database-url ...`` serves it with uvicorn on 127.0.0.1:8000;
 * :func:`app` returns an ASGI application for a host to mount in its own
-  Starlette or FastAPI app (``app.mount("/queue", sqlaq.dashboard.app(engine))``),
-  behind the host's own authentication: the dashboard has none.
+  Starlette or FastAPI app (``app.mount("/queue", sqlaq.dashboard.app(engine,
+  allowed_hosts=["queue.example.com"], auth=...))``), with the host's own
+  authentication as its ``auth`` hook, or :func:`basic_auth`.
+
+Who may reach it: it answers only requests whose ``Host`` header names one of its
+host names (``localhost``, ``127.0.0.1`` and ``::1`` unless told others), so a page of
+another site cannot reach it through DNS rebinding; with an ``auth`` hook, only
+requests the hook lets through; and its actions only POSTs from its own pages (a
+signed CSRF token, ``Origin`` and ``Sec-Fetch-Site`` checked, see
+:mod:`sqlaq.dashboard.csrf`).
 
 Pages: the overview (counts per queue, kind and status; per-queue depth, oldest due
 job, expired leases and failures in the last hour; plots of throughput and wait time,
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -37,6 +45,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -48,12 +57,21 @@ from sqlaq import migrations
 from sqlaq.commandline import db_error
 from sqlaq.dashboard import csrf, display
 from sqlaq.dashboard.forms import BadInput
+from sqlaq.dashboard.guard import LOCAL_HOSTS, Authenticate, Guard, basic_auth, trusted_hosts
 from sqlaq.dashboard.views import Views
 from sqlaq.errors import SchemaOutOfDateError
 from sqlaq.registry import Registry
 from sqlaq.worker.core import sync_engine
 
-__all__ = ["DEFAULT_REFRESH", "SECURITY_HEADERS", "app", "serve"]
+__all__ = [
+    "DEFAULT_REFRESH",
+    "LOCAL_HOSTS",
+    "SECURITY_HEADERS",
+    "Authenticate",
+    "app",
+    "basic_auth",
+    "serve",
+]
 
 _HERE = Path(__file__).resolve().parent
 #: Seconds between two refreshes of the overview.
@@ -79,10 +97,15 @@ def app(
     read_only: bool = False,
     registry: Registry | None = None,
     refresh: float = DEFAULT_REFRESH,
+    allowed_hosts: Sequence[str] | None = None,
+    auth: Authenticate | None = None,
+    csrf_secret: bytes | str | None = None,
 ) -> Starlette:
     """The dashboard as an ASGI application over *engine*'s sqlaq tables.
 
-    Mount it where the host's authentication guards it: the dashboard checks nobody.
+    It answers requests for its *allowed_hosts* only (any other ``Host`` gets a 400),
+    and, with *auth*, only those the hook lets through: mounted in a host's app, give
+    it the host's authentication (or :func:`basic_auth`); without, it checks nobody.
 
     Args:
         engine: A SQLAlchemy Engine (an ``AsyncEngine`` works too: the dashboard then
@@ -92,10 +115,25 @@ def app(
             workers page then shows each kind's limits, and the schedules page each
             schedule's next slot.
         refresh: Seconds between two refreshes of the overview.
+        allowed_hosts: The host names (or addresses) it is served under, matched
+            against each request's ``Host`` header; default :data:`LOCAL_HOSTS`.
+            ``*.example.com`` takes any subdomain; ``["*"]`` turns the check off (for
+            a host app that checks ``Host`` itself).
+        auth: Called with every request first (static files included): returns None
+            to let it through, or the response to answer instead; a coroutine
+            function works too. :func:`basic_auth` is one.
+        csrf_secret: The key signing the CSRF tokens (at least 16 bytes). Default: a
+            random one per call, so tokens are good for this process only; give every
+            process serving the same dashboard the same secret.
 
     Returns:
         A Starlette application.
+
+    Raises:
+        ConfigError: a bad host name, or a CSRF secret shorter than 16 bytes.
     """
+    hosts = trusted_hosts(LOCAL_HOSTS if allowed_hosts is None else allowed_hosts)
+    tokens = csrf.Tokens(csrf_secret)
     own = sync_engine(engine)
 
     @contextlib.asynccontextmanager
@@ -110,12 +148,14 @@ def app(
         read_only=read_only,
         registry=registry,
         refresh=refresh,
+        tokens=tokens,
     )
     routes = [
         Route("/", views.overview, name="overview"),
         Route("/api/overview", views.overview_api, name="overview_api"),
         Route("/jobs", views.jobs, name="jobs"),
         Route("/jobs/{job_id}", views.job, name="job"),
+        Route("/jobs/{job_id}/raw/{field:str}", views.job_value, name="job_value"),
         Route("/jobs/{job_id}/{verb:str}", views.job_action, methods=["POST"], name="job_action"),
         Route("/queues/{verb:str}", views.queue_action, methods=["POST"], name="queue_action"),
         Route("/failures", views.failures, name="failures"),
@@ -129,7 +169,11 @@ def app(
     return Starlette(
         routes=routes,
         exception_handlers=handlers,
-        middleware=[Middleware(_Headers)],
+        middleware=[
+            Middleware(_Headers),
+            Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False),
+            *([Middleware(Guard, auth=auth)] if auth is not None else []),
+        ],
         lifespan=lifespan,
     )
 
@@ -141,14 +185,17 @@ def serve(
     port: int = 8000,
     read_only: bool = False,
     log_level: str = "info",
+    allowed_hosts: Sequence[str] | None = None,
+    auth: Authenticate | None = None,
 ) -> None:
     """Serve :func:`app` with uvicorn until SIGINT or SIGTERM (``sqlaq dashboard``), then
-    return: a stop is a clean exit, as for ``sqlaq-worker``."""
+    return: a stop is a clean exit, as for ``sqlaq-worker``.
+
+    *allowed_hosts* and *auth* are :func:`app`'s."""
     import uvicorn
 
-    config = uvicorn.Config(
-        app(engine, read_only=read_only), host=host, port=port, log_level=log_level
-    )
+    application = app(engine, read_only=read_only, allowed_hosts=allowed_hosts, auth=auth)
+    config = uvicorn.Config(application, host=host, port=port, log_level=log_level)
     # uvicorn stops on SIGINT or SIGTERM, then raises the signal again for the handler it
     # found in place: a quiet one here, so the process neither dies of the signal nor
     # prints a KeyboardInterrupt traceback.

@@ -20,7 +20,9 @@ from sqlaq.registry import Registry
 from sqlaq.schema import FINISHED_STATUSES, JobStatus
 
 __all__ = [
+    "ERROR_HEAD",
     "OUTCOMES",
+    "SHOWN",
     "STATUSES",
     "WINDOWS",
     "Overview",
@@ -28,6 +30,7 @@ __all__ = [
     "Workers",
     "failure_groups",
     "job",
+    "job_value",
     "jobs_page",
     "overview",
     "schedules",
@@ -46,6 +49,11 @@ STATUSES = tuple(s.value for s in JobStatus)
 #: The outcomes of the throughput plot, in the order of its series.
 OUTCOMES = tuple(s.value for s in (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED))
 _PERCENTILE_NAMES = tuple(f"p{round(p * 100)}" for p in queries.WAIT_PERCENTILES)
+#: Characters of a payload, result or error a job's page shows at most; the whole
+#: value is a download (:func:`job_value`).
+SHOWN = 65_536
+#: Characters of each job's error the jobs list reads (it shows the first line, cut).
+ERROR_HEAD = 200
 
 
 @dataclass(frozen=True)
@@ -150,7 +158,7 @@ class JobsPage:
     """One page of the jobs list, newest first.
 
     Attributes:
-        jobs: The rows (every column).
+        jobs: The rows (the columns of :func:`sqlaq.queries.jobs_list_stmt`).
         older: The id to pass as ``before`` for the next (older) page, or None.
         newer: The id to pass as ``after`` for the previous (newer) page, or None.
     """
@@ -175,7 +183,7 @@ def jobs_page(
     ids below *before*, or the *limit* ids just above *after*, never an OFFSET."""
 
     def find(after_id: int | None, newest_first: bool) -> list[Row[Any]]:
-        stmt = queries.find_jobs_stmt(
+        stmt = queries.jobs_list_stmt(
             statuses=statuses,
             kind=kind,
             queue=queue,
@@ -183,6 +191,7 @@ def jobs_page(
             after_id=after_id,
             limit=limit + 1,
             newest_first=newest_first,
+            error_head=ERROR_HEAD,
         )
         return list(conn.execute(stmt))
 
@@ -200,20 +209,42 @@ def jobs_page(
 
 
 def job(conn: Connection, job_id: int) -> dict[str, Any] | None:
-    """Every column of job *job_id* (None if there is none), with ``payload_text``, the
-    payload as indented JSON, and ``result_text`` when the table has a ``result``
-    column (a newer schema may) and it holds a value."""
-    row = conn.execute(queries.get_job_stmt(job_id=job_id)).first()
+    """What job *job_id*'s page shows (None if there is no such job): its columns but
+    the large ones, and ``payload_text``, ``result_text`` (None without a result) and
+    ``error_text``, each at most :data:`SHOWN` characters, with ``payload_cut``,
+    ``result_cut`` and ``error_cut`` saying which were cut. A payload or result shown
+    whole is indented JSON; a cut one is the start of its JSON text."""
+    row = conn.execute(queries.job_page_stmt(job_id=job_id, head=SHOWN + 1)).first()
     if row is None:
         return None
     data = dict(row._mapping)
-    data["payload_text"] = json.dumps(data["payload"], indent=2, ensure_ascii=False)
-    result = data.get("result")
-    data["result_text"] = (
-        None if result is None else json.dumps(result, indent=2, ensure_ascii=False)
-    )
+    for name, head, indent in (
+        ("payload", "payload_head", True),
+        ("result", "result_head", True),
+        ("error", "error_head", False),
+    ):
+        text, cut = _shown(data.pop(head), indent=indent)
+        data[f"{name}_text"], data[f"{name}_cut"] = text, cut
     data["finished"] = data["status"] in FINISHED_STATUSES
     return data
+
+
+def _shown(head: str | None, *, indent: bool) -> tuple[str | None, bool]:
+    """*head* (read one character longer than shown) as the page shows it, and whether
+    it was cut."""
+    if head is None:
+        return None, False
+    if len(head) > SHOWN:
+        return head[:SHOWN], True
+    if indent:
+        return json.dumps(json.loads(head), indent=2, ensure_ascii=False), False
+    return head, False
+
+
+def job_value(conn: Connection, job_id: int, name: str) -> Row[Any] | None:
+    """One of :data:`sqlaq.queries.LARGE_VALUES` of job *job_id*, whole, as text: a row
+    whose ``value`` is it (None: the job has no such value), or None for no such job."""
+    return conn.execute(queries.job_value_stmt(job_id=job_id, name=name)).first()
 
 
 def failure_groups(

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from sqlaq import migrations
+from sqlaq import migrations, queries
 from sqlaq.dashboard import actions, csrf, forms, reads
 from sqlaq.registry import Registry
 
@@ -58,12 +58,14 @@ class Views:
         read_only: bool,
         registry: Registry | None,
         refresh: float,
+        tokens: csrf.Tokens,
     ) -> None:
         self.engine = engine
         self.templates = templates
         self.read_only = read_only
         self.registry = registry
         self.refresh = refresh
+        self.tokens = tokens
         self.schema_checked = False
 
     # -- plumbing --------------------------------------------------------------------
@@ -89,8 +91,9 @@ class Views:
     def render(
         self, request: Request, name: str, context: dict[str, Any], status: int = 200
     ) -> Response:
-        """Render template *name*; give the browser a CSRF token if it has none."""
-        token = csrf.token(request)
+        """Render template *name*; give the browser a CSRF token if it has none (or
+        one the dashboard did not issue)."""
+        token = self.tokens.issue(request)
         values = {
             "read_only": self.read_only,
             "csrf_field": csrf.FIELD,
@@ -114,7 +117,7 @@ class Views:
         if self.read_only:
             raise HTTPException(403, "this dashboard is read-only: actions are turned off")
         form = await request.form()
-        csrf.check(request, form.get(csrf.FIELD))
+        self.tokens.check(request, form.get(csrf.FIELD))
         return form
 
     def redirect(self, request: Request, name: str, query: str = "", **params: Any) -> Response:
@@ -143,14 +146,18 @@ class Views:
         """``GET /api/overview``: the overview's plot data and tables (HTML), as JSON."""
         hours = forms.hours(request.query_params)
         data = await self.read(lambda conn: reads.overview(conn, hours))
+        token = self.tokens.issue(request)
         tables = self.templates.get_template("_overview_tables.html").render(
             ov=data,
             read_only=self.read_only,
             csrf_field=csrf.FIELD,
-            csrf_token=request.cookies.get(csrf.COOKIE, ""),
+            csrf_token=token,
             path=lambda route, query="", **params: path_for(request, route, query, **params),
         )
-        return JSONResponse({**data.series(), "tables": tables})
+        response = JSONResponse({**data.series(), "tables": tables})
+        if request.cookies.get(csrf.COOKIE) != token:
+            csrf.set_cookie(response, request, token)
+        return response
 
     async def jobs(self, request: Request) -> Response:
         """``GET /jobs``: the filters of ``sqlaq list``, paged by id."""
@@ -172,13 +179,36 @@ class Views:
         )
 
     async def job(self, request: Request) -> Response:
-        """``GET /jobs/{job_id}``: every column, the payload and error in full."""
+        """``GET /jobs/{job_id}``: its columns; its payload, result and error up to
+        :data:`~.reads.SHOWN` characters each, with a link to download the whole."""
         job_id = forms.job_id(request.path_params["job_id"])
         data = await self.read(lambda conn: reads.job(conn, job_id))
         if data is None:
             raise HTTPException(404, f"no job {job_id}")
         notice = NOTICES.get(request.query_params.get("did", ""))
-        return self.render(request, "job.html", {"job": data, "notice": notice})
+        return self.render(
+            request, "job.html", {"job": data, "notice": notice, "shown": reads.SHOWN}
+        )
+
+    async def job_value(self, request: Request) -> Response:
+        """``GET /jobs/{job_id}/raw/{payload|result|last_error}``: the whole value, as
+        a download (JSON text, or the error as plain text)."""
+        job_id = forms.job_id(request.path_params["job_id"])
+        name = request.path_params["field"]
+        if name not in queries.LARGE_VALUES:
+            raise HTTPException(404, f"no value {name!r}: {', '.join(queries.LARGE_VALUES)}")
+        row = await self.read(lambda conn: reads.job_value(conn, job_id, name))
+        if row is None:
+            raise HTTPException(404, f"no job {job_id}")
+        if row.value is None:
+            raise HTTPException(404, f"job {job_id} has no {name.replace('_', ' ')}")
+        is_json = name != "last_error"
+        filename = f"job-{job_id}-{name.replace('_', '-')}.{'json' if is_json else 'txt'}"
+        return Response(
+            row.value,
+            media_type="application/json" if is_json else "text/plain; charset=utf-8",
+            headers={"content-disposition": f'attachment; filename="{filename}"'},
+        )
 
     async def failures(self, request: Request) -> Response:
         """``GET /failures``: failed jobs grouped by kind and first error line."""

@@ -78,10 +78,14 @@ from sqlaq.queries.columns import (
     enqueue_uniform_params,
 )
 from sqlaq.queries.dashboard import (
+    LARGE_VALUES,
     WAIT_PERCENTILES,
     error_line,
     failure_group_ids_stmt,
     failure_groups_stmt,
+    job_page_stmt,
+    job_value_stmt,
+    jobs_list_stmt,
     overview_counts_stmt,
     overview_health_stmt,
     periodic_slots_stmt,
@@ -166,6 +170,7 @@ from sqlaq.queries.settle import (
 __all__ = [
     "CLAIM_COLUMNS",
     "COPY_COLUMNS",
+    "LARGE_VALUES",
     "OUTCOME_COLUMNS",
     "WAIT_PERCENTILES",
     "Reference",
@@ -212,7 +217,10 @@ __all__ = [
     "has_schema_revision_stmt",
     "heartbeat_stmt",
     "job_outcome_stmt",
+    "job_page_stmt",
+    "job_value_stmt",
     "jobs_ahead_stmt",
+    "jobs_list_stmt",
     "kind_limit_state_params",
     "kind_limit_state_stmt",
     "listen_stmt",

@@ -7,7 +7,7 @@ recent, not the table's history.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,6 +22,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     func,
     literal_column,
     null,
@@ -31,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
 
 from sqlaq.queries._common import _FINISHED, _NOW, _PENDING, _RUNNING, _status, c
-from sqlaq.queries.inspect import stats_health_stmt
+from sqlaq.queries.inspect import find_jobs_stmt, stats_health_stmt
 from sqlaq.schema import (
     JobStatus,
     periodic,
@@ -46,6 +47,10 @@ _NEWLINE = func.chr(literal_column("10", Integer))
 
 #: The percentiles of the wait-time plot.
 WAIT_PERCENTILES = (0.5, 0.9, 0.99)
+
+#: The job's columns that can hold large values, shown cut (:func:`job_page_stmt`) and
+#: read whole by :func:`job_value_stmt` only.
+LARGE_VALUES = ("payload", "result", "last_error")
 
 
 def _finished_within(window: timedelta, name: str = "b_window") -> ColumnElement[bool]:
@@ -297,3 +302,89 @@ def periodic_slots_stmt() -> Select[Any]:
     return select(periodic.c.name, periodic.c.last_slot, periodic.c.updated_at).order_by(
         periodic.c.name
     )
+
+
+def jobs_list_stmt(
+    *,
+    statuses: Collection[JobStatus] = (),
+    kind: str | None = None,
+    queue: str | None = None,
+    since: timedelta | None = None,
+    after_id: int | None = None,
+    limit: int | None = None,
+    newest_first: bool = False,
+    error_head: int = 200,
+) -> Select[Any]:
+    """:func:`find_jobs_stmt` (the same filters and keyset) selecting what the jobs list
+    shows only: ``id, queue, kind, status, attempts, max_attempts, run_at, created_at``
+    and ``error_head``, the first *error_head* characters of ``last_error``.
+
+    No payload and no result: a page of large jobs reads a few columns, not megabytes.
+    ``left()`` reads a slice of a long error, not all of it.
+    """
+    return find_jobs_stmt(
+        statuses=statuses,
+        kind=kind,
+        queue=queue,
+        since=since,
+        after_id=after_id,
+        limit=limit,
+        newest_first=newest_first,
+    ).with_only_columns(
+        c.id,
+        c.queue,
+        c.kind,
+        c.status,
+        c.attempts,
+        c.max_attempts,
+        c.run_at,
+        c.created_at,
+        func.left(c.last_error, bindparam("b_error_head", error_head, Integer)).label("error_head"),
+    )
+
+
+def job_page_stmt(*, job_id: int, head: int) -> Select[Any]:
+    """Select what a job's page shows: its columns but the large ones, and the first
+    *head* characters of the text of each of :data:`LARGE_VALUES`, as
+    ``payload_head``, ``result_head`` (NULL without a result) and ``error_head``.
+
+    Ask for one character more than is shown: a head longer than that was cut. Each
+    value is turned into text once (``left(payload::text, :b_head)``); the page never
+    holds more than *head* characters of it.
+    """
+    size = bindparam("b_head", head, Integer)
+    return select(
+        c.id,
+        c.queue,
+        c.kind,
+        c.status,
+        c.priority,
+        c.attempts,
+        c.max_attempts,
+        c.created_at,
+        c.run_at,
+        c.attempted_at,
+        c.finished_at,
+        c.locked_by,
+        c.dedupe_key,
+        c.debounce_key,
+        c.timeout,
+        func.left(cast(c.payload, Text), size).label("payload_head"),
+        func.left(cast(c.result, Text), size).label("result_head"),
+        func.left(c.last_error, size).label("error_head"),
+    ).where(c.id == bindparam("b_id", job_id, BigInteger))
+
+
+def job_value_stmt(*, job_id: int, name: str) -> Select[Any]:
+    """Select one of :data:`LARGE_VALUES` of job *job_id* whole, as text (``value``):
+    the JSON text of ``payload`` or ``result``, or ``last_error``. No row: no such job;
+    NULL: no such value.
+
+    Raises:
+        ValueError: *name* is not one of :data:`LARGE_VALUES`.
+    """
+    if name not in LARGE_VALUES:
+        raise ValueError(f"no value {name!r}: one of {', '.join(LARGE_VALUES)}")
+    column = c[name]
+    value = column if name == "last_error" else cast(column, Text)
+    return select(value.label("value")).where(c.id == bindparam("b_id", job_id, BigInteger))

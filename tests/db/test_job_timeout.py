@@ -155,7 +155,7 @@ def test_the_dashboards_job_page_shows_the_timeout_and_debounce_key(committed: E
             conn, "k", debounce_key="doc-7", debounce=timedelta(1), timeout=timedelta(minutes=5)
         ).job_id
         plain = sqlaq.enqueue(conn, "k").job_id
-    with TestClient(dashboard_app(committed)) as client:
+    with TestClient(dashboard_app(committed), base_url="http://localhost") as client:
         page = client.get(f"/jobs/{own}").text
         assert "<dt>timeout</dt><dd>0:05:00 (its own)</dd>" in page
         assert "<dt>debounce key</dt><dd>doc-7</dd>" in page

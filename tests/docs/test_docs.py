@@ -746,7 +746,7 @@ def dashboard_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
     namespace: dict[str, Any] = {"engine": committed, "registry": registry}
     yield namespace
 
-    with TestClient(namespace["app"]) as client:
+    with TestClient(namespace["app"], base_url="http://localhost") as client:
         page = client.get("/queue/")
         assert page.status_code == 200, page.text
         assert re.search(r"<td>default</td>\s*<td>send_email</td>", page.text)

@@ -26,7 +26,7 @@ from starlette.routing import Mount
 import sqlaq
 from sqlaq import admin, queries
 from sqlaq.dashboard import app as dashboard_app
-from sqlaq.dashboard import csrf
+from sqlaq.dashboard import csrf, reads
 from tests.helpers import finish_long_ago, job_row
 
 with warnings.catch_warnings():
@@ -34,6 +34,9 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
     from starlette.testclient import TestClient
 
+#: Where the test client sends its requests: a host name the dashboard answers by
+#: default (Starlette's ``testserver`` is not one).
+LOCAL = "http://localhost"
 #: What the failed job's payload and error hold: both must be shown as text.
 SCRIPT = "<script>alert('sqlaq')</script>"
 ERROR = f"ValueError: bad address {SCRIPT}\nTraceback (most recent call last):\n  File x"
@@ -85,7 +88,7 @@ def jobs(committed: Engine) -> dict[str, int]:
 
 @pytest.fixture
 def client(committed: Engine) -> Iterator[TestClient]:
-    with TestClient(dashboard_app(committed)) as c:
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as c:
         yield c
 
 
@@ -287,6 +290,110 @@ def test_job_page_shows_a_result_when_the_table_stores_one(
     assert 'id="result"' not in client.get(f"/jobs/{jobs['queued']}").text
 
 
+def big_job(engine: Engine, size: int) -> int:
+    """A failed job whose payload, result and error each hold *size* characters or
+    more (with a script tag at the end, past what a page shows)."""
+    filler = "x" * size
+    with engine.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "big", {"blob": filler, "tail": SCRIPT}).job_id
+        conn.execute(
+            text(
+                "UPDATE sqlaq_jobs SET status = 'failed', finished_at = now(), attempts = 1,"
+                " result = CAST(:r AS jsonb), last_error = :e WHERE id = :id"
+            ),
+            {
+                "r": json.dumps({"rows": filler, "tail": SCRIPT}),
+                "e": f"MemoryError: {filler}\n{SCRIPT}",
+                "id": job_id,
+            },
+        )
+    return job_id
+
+
+def test_a_job_page_cuts_large_values_and_links_to_the_whole(
+    client: TestClient, committed: Engine
+) -> None:
+    job_id = big_job(committed, 300_000)
+    response = client.get(f"/jobs/{job_id}")
+    assert response.status_code == 200
+    html = response.text
+    assert len(html) < 3 * reads.SHOWN + 20_000  # three values cut, not 900 kB
+    payload, result, error = (pre(html, name) for name in ("payload", "result", "last-error"))
+    assert len(payload) == len(result) == len(error) == reads.SHOWN
+    assert payload.startswith('{"blob": "xxx')  # the start of its JSON text
+    assert result.startswith('{"rows": "xxx')
+    assert error.startswith("MemoryError: xxx")
+    for name, field in (("payload", "payload"), ("result", "result"), ("last-error", "last_error")):
+        assert f'id="{name}-cut"' in html
+        assert "Only the first 65,536 characters are shown." in html
+        link = re.search(rf'<a href="([^"]+)" id="{name}-raw" download>', html)
+        assert link, name
+        assert link.group(1) == f"/jobs/{job_id}/raw/{field}"
+    whole = client.get(f"/jobs/{job_id}/raw/payload")
+    assert whole.status_code == 200
+    assert whole.headers["content-type"] == "application/json"
+    disposition = whole.headers["content-disposition"]
+    assert disposition == f'attachment; filename="job-{job_id}-payload.json"'
+    assert whole.json() == {"blob": "x" * 300_000, "tail": SCRIPT}
+    assert client.get(f"/jobs/{job_id}/raw/result").json()["tail"] == SCRIPT
+    error_file = client.get(f"/jobs/{job_id}/raw/last_error")
+    assert error_file.headers["content-type"] == "text/plain; charset=utf-8"
+    assert error_file.headers["content-disposition"].endswith(f'job-{job_id}-last-error.txt"')
+    assert error_file.text == f"MemoryError: {'x' * 300_000}\n{SCRIPT}"
+
+
+def test_a_value_just_short_of_the_cut_is_shown_whole(
+    client: TestClient, committed: Engine
+) -> None:
+    # '{"blob": "' + filler + '", "tail": "' + SCRIPT + '"}': exactly SHOWN characters.
+    size = reads.SHOWN - len(json.dumps({"blob": "", "tail": SCRIPT}))
+    job_id = big_job(committed, size)
+    html = client.get(f"/jobs/{job_id}").text
+    assert 'id="payload-cut"' not in html
+    assert pre(html, "payload") == json.dumps({"blob": "x" * size, "tail": SCRIPT}, indent=2)
+    assert 'id="result-cut"' not in html
+    assert f'<a href="/jobs/{job_id}/raw/payload" id="payload-raw" download>' in html
+    longer = client.get(f"/jobs/{big_job(committed, size + 1)}").text
+    assert 'id="payload-cut"' in longer  # one character more
+    assert len(pre(longer, "payload")) == reads.SHOWN
+
+
+def test_downloading_a_value_that_is_not_there_is_a_404(
+    client: TestClient, committed: Engine, jobs: dict[str, int]
+) -> None:
+    assert client.get(f"/jobs/{jobs['queued']}/raw/result").status_code == 404
+    assert "has no result" in client.get(f"/jobs/{jobs['queued']}/raw/result").text
+    assert "has no last error" in client.get(f"/jobs/{jobs['queued']}/raw/last_error").text
+    assert client.get(f"/jobs/{jobs['queued']}/raw/payload").json() == {"report": 5}
+    assert client.get(f"/jobs/{jobs['queued']}/raw/headers").status_code == 404
+    assert client.get("/jobs/123456789/raw/payload").status_code == 404
+    assert client.get("/jobs/abc/raw/payload").status_code == 400
+
+
+def test_the_jobs_list_reads_no_payload_result_or_whole_error(
+    client: TestClient, committed: Engine
+) -> None:
+    job_id = big_job(committed, 300_000)
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(committed, "before_cursor_execute", record)
+    try:
+        html = client.get("/jobs").text
+    finally:
+        event.remove(committed, "before_cursor_execute", record)
+    (listing,) = [s for s in seen if "FROM sqlaq_jobs" in s and "ORDER BY sqlaq_jobs.id" in s]
+    assert "payload" not in listing
+    assert "result" not in listing
+    assert "left(sqlaq_jobs.last_error, " in listing
+    assert listing.count("last_error") == 1
+    assert len(html) < 20_000
+    assert "MemoryError: " + "x" * 60 in html  # the first line, cut for the table
+    assert f'href="/jobs/{job_id}"' in html
+
+
 @pytest.mark.parametrize("job_id", ["abc", "0", "-1", "99999999999999999999", "1.5"])
 def test_a_bad_job_id_is_a_400(client: TestClient, job_id: str) -> None:
     response = client.get(f"/jobs/{job_id}")
@@ -351,7 +458,7 @@ def test_an_action_without_the_csrf_token_is_refused(
     field: str | None,
     headers: dict[str, str],
 ) -> None:
-    with TestClient(dashboard_app(committed)) as client:
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as client:
         real = token(client)
         client.cookies.clear()
         if cookie:
@@ -488,7 +595,7 @@ def test_delete_finished_counts_first_then_deletes_old_finished_jobs(
 
 def test_read_only_hides_and_refuses_every_action(committed: Engine, jobs: dict[str, int]) -> None:
     fail_jobs(committed, "sync", ["IOError: down"])
-    with TestClient(dashboard_app(committed, read_only=True)) as client:
+    with TestClient(dashboard_app(committed, read_only=True), base_url=LOCAL) as client:
         page = client.get(f"/jobs/{jobs['failed']}").text
         assert "read-only" in page
         assert "<form" not in page
@@ -536,7 +643,7 @@ def test_workers_page_shows_concurrency_and_rates_in_use(
             rate=sqlaq.Rate.parse("5/m"),
         )
         assert len(claim.jobs) == 1
-    with TestClient(dashboard_app(committed, registry=registry)) as client:
+    with TestClient(dashboard_app(committed, registry=registry), base_url=LOCAL) as client:
         html = client.get("/workers").text
     kinds = re.findall(
         r'<tr>\s*<td><a[^>]*>(\w+)</a></td>\s*<td class="num">(\d+)</td>\s*'
@@ -546,7 +653,7 @@ def test_workers_page_shows_concurrency_and_rates_in_use(
     assert kinds == [("geocode", "1", "-"), ("resize_image", "1", "3")]
     assert re.search(r"<td>geocode</td><td>5/60s</td><td class=\"num\">1</td>", html), html
     assert html.count("<code>") >= 2  # the workers holding the two running jobs
-    with TestClient(dashboard_app(committed)) as client:
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as client:
         bare = client.get("/workers").text
     assert "pass it to <code>sqlaq.dashboard.app(engine, registry=...)</code>" in bare
 
@@ -558,11 +665,11 @@ def test_schedules_page_shows_last_slot_and_next_with_a_registry(committed: Engi
     first = datetime(2026, 1, 5, 8, 30, tzinfo=UTC)
     with committed.begin() as conn:
         sqlaq.enqueue_periodic(conn, registry.periodics, now=first)  # records the slot
-    with TestClient(dashboard_app(committed)) as client:
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as client:
         html = client.get("/schedules").text
     assert "<td>hourly</td>" in html
     assert "2026-01-05 08:00:00" in html
-    with TestClient(dashboard_app(committed, registry=registry)) as client:
+    with TestClient(dashboard_app(committed, registry=registry), base_url=LOCAL) as client:
         html = client.get("/schedules").text
     assert "<code>0 * * * *</code>" in html
     row = re.search(r"<td>hourly</td>.*?</tr>", html, re.S)
@@ -581,7 +688,7 @@ def test_a_database_without_the_schema_gets_one_page_saying_what_to_run(
 ) -> None:
     engine = create_engine(empty_database_url)
     try:
-        with TestClient(dashboard_app(engine)) as client:
+        with TestClient(dashboard_app(engine), base_url=LOCAL) as client:
             for path in ("/", "/jobs", "/jobs/1", "/failures", "/workers", "/schedules", "/prune"):
                 response = client.get(path)
                 assert response.status_code == 503, path
@@ -603,7 +710,7 @@ def test_a_schema_behind_this_sqlaq_is_named_with_the_command(empty_database_url
     try:
         with engine.begin() as conn:
             sqlaq.migrations.upgrade(conn, "sqlaq_0001")
-        with TestClient(dashboard_app(engine)) as client:
+        with TestClient(dashboard_app(engine), base_url=LOCAL) as client:
             response = client.get("/")
         assert response.status_code == 503
         assert f"this sqlaq needs {sqlaq.migrations.HEAD}" in response.text
@@ -616,7 +723,7 @@ def test_mounted_in_a_host_app_every_link_stays_under_its_path(
     committed: Engine, jobs: dict[str, int]
 ) -> None:
     host = Starlette(routes=[Mount("/queue", app=dashboard_app(committed))])
-    with TestClient(host) as client:
+    with TestClient(host, base_url=LOCAL) as client:
         page = client.get("/queue/")
         assert page.status_code == 200
         links = re.findall(r'(?:href|src|action|data-api)="(/[^"]*)"', page.text)
@@ -640,7 +747,9 @@ def test_an_async_engine_is_accepted(database_url: str, committed: Engine) -> No
         database_url.replace("postgresql+psycopg://", "postgresql+psycopg_async://")
     )
     application = dashboard_app(async_engine)
-    with TestClient(application) as client:  # its lifespan disposes the engine it opened
+    with TestClient(
+        application, base_url=LOCAL
+    ) as client:  # its lifespan disposes the engine it opened
         assert client.get("/").status_code == 200
     await_dispose = async_engine.dispose()
     import asyncio
@@ -814,9 +923,9 @@ def test_a_bad_queue_action_is_refused(
 def test_pausing_needs_the_csrf_token_and_is_refused_read_only(
     controls: Engine, committed: Engine, jobs: dict[str, int]
 ) -> None:
-    with TestClient(dashboard_app(committed)) as client:
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as client:
         assert client.post("/queues/pause", data={"queue": "reports"}).status_code == 403
-    with TestClient(dashboard_app(committed, read_only=True)) as client:
+    with TestClient(dashboard_app(committed, read_only=True), base_url=LOCAL) as client:
         page = client.get("/").text
         assert ">Pause</button>" not in page
         form = {csrf.FIELD: client.cookies[csrf.COOKIE], "queue": "reports"}

@@ -9,6 +9,7 @@ there too (the README's ``docs/dashboard.png``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -23,6 +24,7 @@ from test_dashboard import SCRIPT, populate
 
 import sqlaq
 from sqlaq.dashboard import app as dashboard_app
+from sqlaq.dashboard import basic_auth
 from tests.helpers import job_row
 
 REQUIRED = bool(os.environ.get("SQLAQ_BROWSER"))
@@ -34,6 +36,7 @@ if not REQUIRED:
 
 import uvicorn  # noqa: E402 - after the skips
 from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Error as PlaywrightError  # noqa: E402
 
 ARGS = [
     "--headless",
@@ -43,7 +46,11 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
     "--no-first-run",
+    # A site whose owner made its name resolve to this machine (DNS rebinding).
+    "--host-resolver-rules=MAP attacker.example 127.0.0.1",
 ]
+#: The rebinding site's host name.
+ATTACKER = "attacker.example"
 #: The plots' first series' colours (dashboard.js): done, and the wait's p50.
 DONE_RGB = (0x2E, 0x85, 0x40)
 P50_RGB = (0x1F, 0x6F, 0xEB)
@@ -71,14 +78,14 @@ def browser() -> Iterator[Browser]:
             chromium.close()
 
 
-@pytest.fixture
-def served(committed: Engine) -> Iterator[str]:
-    """The dashboard, refreshing every second, served by uvicorn in a thread on a port
-    of its own; stopped (and the thread joined) after the test."""
+@contextlib.contextmanager
+def serving(application: Any) -> Iterator[str]:
+    """*application* served by uvicorn in a thread on a port of its own; its URL;
+    stopped (and the thread joined) afterwards."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()  # connections wait in the backlog until uvicorn accepts them
-    config = uvicorn.Config(dashboard_app(committed, refresh=1), log_level="warning")
+    config = uvicorn.Config(application, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -89,6 +96,13 @@ def served(committed: Engine) -> Iterator[str]:
         thread.join(15)
         sock.close()
     assert not thread.is_alive()
+
+
+@pytest.fixture
+def served(committed: Engine) -> Iterator[str]:
+    """The dashboard, refreshing every second, served by uvicorn (see :func:`serving`)."""
+    with serving(dashboard_app(committed, refresh=1)) as url:
+        yield url
 
 
 @pytest.fixture
@@ -202,3 +216,78 @@ def test_retry_a_failure_group_through_its_confirmation(
     expect(page.locator("#done-message")).to_have_text("Retried 10 of 10 job(s).")
     page.goto(served + "/failures")
     expect(page.locator("#failure-groups tbody tr", has_text="TimeoutError")).to_have_count(0)
+
+
+def test_a_page_under_another_sites_name_is_refused(
+    page: Page, served: str, committed: Engine
+) -> None:
+    jobs = populate(committed)
+    port = served.rsplit(":", 1)[1]
+    rebound = f"http://{ATTACKER}:{port}"
+    # The browser reaches this machine under the other site's name: no page for it...
+    response = page.goto(f"{rebound}/jobs/{jobs['running']}")
+    assert response is not None
+    assert response.status == 400
+    expect(page.locator("body")).to_have_text("Invalid host header")
+    # ... and its script, same-origin with that name, cannot act either.
+    status = page.evaluate(
+        """async (path) => (await fetch(path, {method: "POST",
+            headers: {"content-type": "application/x-www-form-urlencoded"},
+            body: "csrf_token=x"})).status""",
+        f"/jobs/{jobs['running']}/cancel",
+    )
+    assert status == 400
+    assert status_of(committed, jobs["running"]) == "running"
+    # Under its own name the same page answers.
+    own = page.goto(f"{served}/jobs/{jobs['running']}")
+    assert own is not None
+    assert own.status == 200
+    expect(page.locator("#job-status")).to_have_text("running")
+
+
+def test_with_a_password_the_browser_gets_401_until_it_gives_credentials(
+    browser: Browser, committed: Engine
+) -> None:
+    jobs = populate(committed)
+    application = dashboard_app(committed, auth=basic_auth("ops", "s3cret"))
+    with serving(application) as url:
+        # Without credentials: the server asks for Basic auth, and the browser, which
+        # has none to give (its prompt dismissed), shows no page.
+        context = browser.new_context()
+        try:
+            tab = context.new_page()
+            answers: list[Any] = []
+            tab.on("response", lambda answer: answers.append(answer))
+            with pytest.raises(PlaywrightError, match="ERR_INVALID_AUTH_CREDENTIALS"):
+                tab.goto(f"{url}/jobs/{jobs['failed']}")
+            assert answers
+            assert {answer.status for answer in answers} == {401}
+            challenge = answers[0].headers["www-authenticate"]
+            assert challenge.startswith('Basic realm="sqlaq dashboard"')
+        finally:
+            context.close()
+        # With wrong ones: a 401 again, and no page of the dashboard.
+        wrong = {"username": "ops", "password": "wrong"}
+        context = browser.new_context(http_credentials=wrong)  # type: ignore[arg-type]
+        try:
+            tab = context.new_page()
+            response = tab.goto(f"{url}/jobs/{jobs['failed']}")
+            assert response is not None
+            assert response.status == 401
+            expect(tab.locator("body")).to_have_text("authentication required")
+        finally:
+            context.close()
+        given = {"username": "ops", "password": "s3cret"}
+        context = browser.new_context(http_credentials=given)  # type: ignore[arg-type]
+        try:
+            tab = context.new_page()
+            response = tab.goto(f"{url}/jobs/{jobs['failed']}")
+            assert response is not None
+            assert response.status == 200
+            expect(tab.locator("#job-status")).to_have_text("failed")
+            tab.click("#retry-job")  # a POST, with the credentials and the page's token
+            tab.wait_for_url(f"**/jobs/{jobs['failed']}?did=retried")
+            expect(tab.locator("#job-status")).to_have_text("queued")
+        finally:
+            context.close()
+    assert status_of(committed, jobs["failed"]) == "queued"

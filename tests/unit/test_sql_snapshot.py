@@ -217,11 +217,35 @@ CALLS: dict[str, list[Any]] = {
     "running_workers_stmt": [{}],
     "rate_logs_stmt": [{}, {"periods": {"k": timedelta(seconds=1)}}],
     "periodic_slots_stmt": [{}],
+    "jobs_list_stmt": [
+        {"newest_first": True, "limit": 51},
+        {
+            "statuses": [JobStatus.FAILED],
+            "kind": "k",
+            "queue": "q",
+            "since": timedelta(hours=2),
+            "after_id": 7,
+            "limit": 51,
+            "error_head": 120,
+        },
+    ],
+    "job_page_stmt": [{"job_id": 7, "head": 65537}],
+    "job_value_stmt": [
+        {"job_id": 7, "name": "payload"},
+        {"job_id": 7, "name": "result"},
+        {"job_id": 7, "name": "last_error"},
+    ],
     "travel_stmts": [{"by": timedelta(hours=1)}],
 }
 
 #: Constant column lists and values of the module, pinned beside the builders.
-CONSTANTS = ("CLAIM_COLUMNS", "COPY_COLUMNS", "OUTCOME_COLUMNS", "WAIT_PERCENTILES")
+CONSTANTS = (
+    "CLAIM_COLUMNS",
+    "COPY_COLUMNS",
+    "OUTCOME_COLUMNS",
+    "WAIT_PERCENTILES",
+    "LARGE_VALUES",
+)
 
 
 def _builders() -> dict[str, Callable[..., Any]]:
