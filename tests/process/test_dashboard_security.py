@@ -21,6 +21,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
+from test_dashboard import ERROR, LOCAL, free_port, populate, status_of, token
 
 import sqlaq.dashboard
 from sqlaq import admin
@@ -28,7 +29,6 @@ from sqlaq.dashboard import app as dashboard_app
 from sqlaq.dashboard import basic_auth, csrf
 from sqlaq.dashboard.guard import BasicAuth, Guard
 from sqlaq.errors import ConfigError
-from tests.test_dashboard import ERROR, LOCAL, free_port, populate, status_of, token
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
