@@ -40,7 +40,15 @@ from sqlaq.ops.enqueuing import enqueue, enqueue_copy, enqueue_many
 from sqlaq.ops.operators import notify_queues
 from sqlaq.ops.retention import cancel, cancelled_among, prune, retry, sweep
 from sqlaq.ops.settling import MAX_ERROR_LENGTH, complete, extend_lease, fail, handback, snooze
-from sqlaq.records import ClaimedJob, EnqueueOutcome, EnqueueResult, LimitedClaim, PruneResult
+from sqlaq.records import (
+    ClaimedJob,
+    EnqueueOutcome,
+    EnqueueResult,
+    LimitedClaim,
+    PruneResult,
+    RetryResult,
+    SkippedRetry,
+)
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -52,6 +60,8 @@ __all__ = [
     "Executor",
     "LimitedClaim",
     "PruneResult",
+    "RetryResult",
+    "SkippedRetry",
     "cancel",
     "cancelled_among",
     "claim",
