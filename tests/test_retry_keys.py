@@ -360,3 +360,45 @@ def test_a_retry_racing_a_debounce_enqueue_never_fails(committed: Engine) -> Non
         return debounced_then_cancelled(conn, key, "race")
 
     race(committed, RACE_ROUNDS, make, key="debounce_key", more={"debounce": HOUR})
+
+
+def test_two_retries_of_twins_racing_retry_one_and_name_it(committed: Engine) -> None:
+    """Two operators retrying the two failed jobs of one key at once: one is queued
+    again, the other call skips its job naming it; neither fails."""
+    barrier = threading.Barrier(2)
+
+    def retry(job_id: int) -> Any:
+        with engine.connect() as conn:
+            usable(conn)
+            barrier.wait()
+            try:
+                result = sqlaq.retry(conn, [job_id])
+            except IntegrityError:
+                return None
+            conn.commit()
+            return result
+
+    engine = committed
+    failures = 0
+    wrong = []
+    with ThreadPoolExecutor(2) as pool:
+        for n in range(RACE_ROUNDS // 3):
+            with engine.begin() as setup:
+                first = failed_job(setup, "twin", dedupe_key=f"t{n}")
+                second = failed_job(setup, "twin", dedupe_key=f"t{n}")
+            one, two = pool.submit(retry, first), pool.submit(retry, second)
+            results = [one.result(), two.result()]
+            if None in results:
+                failures += 1
+                continue
+            done = sorted(i for r in results for i in r)
+            names = sorted(
+                (s.job_id, s.holder_id) for r in results for s in getattr(r, "skipped", [])
+            )
+            if not (
+                (done, names) == ([first], [(second, first)])
+                or (done, names) == ([second], [(first, second)])
+            ):
+                wrong.append((n, results))
+    assert failures == 0, f"{failures} of {RACE_ROUNDS // 3} retries failed"
+    assert wrong == []
