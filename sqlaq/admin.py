@@ -565,6 +565,7 @@ def _bulk(
     if args.ids and (args.kind or args.queue):
         raise UsageError(f"{args.command}: --kind and --queue filter bulk runs, not ids")
     done = seen = 0
+    skipped: list[ops.SkippedRetry] = []
     with engine.connect() as conn:
         if args.ids:
             total = len(args.ids)
@@ -574,11 +575,19 @@ def _bulk(
         progress = _Progress(verb, total)
         for ids in _bulk_ids(conn, args, statuses):
             seen += len(ids)
-            done += len(apply(conn, ids))
+            changed = apply(conn, ids)
+            done += len(changed)
+            if isinstance(changed, ops.RetryResult):
+                skipped.extend(changed.skipped)
             conn.commit()
             progress.show(done)
     progress.end()
-    print(f"{verb} {done} of {seen} job(s)", file=out)
+    for skip in skipped:
+        print(skip.reason, file=out)
+    summary = f"{verb} {done} of {seen} job(s)"
+    if skipped:
+        summary += f", skipped {len(skipped)} whose key another job holds"
+    print(summary, file=out)
     return 0
 
 

@@ -1,7 +1,8 @@
 """The small frozen values every floor passes around: what an enqueue did
 (:class:`EnqueueResult`), a claimed job (:class:`ClaimedJob`), a limited claim
-(:class:`LimitedClaim`), what a prune did (:class:`PruneResult`), a paused queue
-(:class:`PausedQueue`) and a worker's heartbeat (:class:`WorkerInfo`).
+(:class:`LimitedClaim`), what a prune did (:class:`PruneResult`), what a retry did
+(:class:`RetryResult`, :class:`SkippedRetry`), a paused queue (:class:`PausedQueue`) and a
+worker's heartbeat (:class:`WorkerInfo`).
 
 The ground floor: it imports nothing of sqlaq but :mod:`sqlaq.lease`, so the context,
 the outcome, the registry, tracing and the worker can name these types without
@@ -12,9 +13,10 @@ importing the operations. Each is also importable from :mod:`sqlaq.ops` and
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from sqlaq.lease import Lease
@@ -189,3 +191,60 @@ class WorkerInfo:
     started_at: datetime
     last_seen_at: datetime
     seen_ago: timedelta
+
+
+#: How much of a key a reason shows.
+_KEY_SHOWN = 80
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedRetry:
+    """A job :func:`~sqlaq.ops.retry` left alone because another job holds its key.
+
+    Queuing it again would have made two pending jobs of one ``dedupe_key`` (or two
+    never-started queued jobs of one ``debounce_key``), which the unique indexes refuse.
+
+    Attributes:
+        job_id: The job left failed or cancelled.
+        key: The value of its key that is taken.
+        holder_id: The pending job holding that key: a job that was already pending, or
+            one retried by the same call (of several jobs of one key in a call, the
+            lowest id is retried). None when that job is not visible to the caller's
+            transaction (it committed after the transaction's snapshot was taken).
+        key_name: Which key: ``"dedupe_key"`` or ``"debounce_key"``.
+    """
+
+    job_id: int
+    key: str
+    holder_id: int | None
+    key_name: Literal["dedupe_key", "debounce_key"] = "dedupe_key"
+
+    @property
+    def reason(self) -> str:
+        """One line saying why the job was not retried, for people."""
+        key = repr(self.key)
+        if len(key) > _KEY_SHOWN:
+            key = key[: _KEY_SHOWN - 3] + "..."
+        which = "dedupe" if self.key_name == "dedupe_key" else "debounce"
+        holder = "another pending job" if self.holder_id is None else f"job {self.holder_id}"
+        return f"job {self.job_id} not retried: {holder} holds its {which} key {key}"
+
+
+class RetryResult(list[int]):
+    """What :func:`~sqlaq.ops.retry` did: a ``list`` of the ids queued again, as it always
+    was, with the jobs it left alone for their keys.
+
+    Attributes:
+        skipped: A :class:`SkippedRetry` for each job left failed or cancelled because
+            another job holds its dedupe or debounce key (in id order). Jobs left alone
+            for their status (not failed or cancelled, or unknown) are in neither list.
+    """
+
+    skipped: list[SkippedRetry]
+
+    def __init__(self, retried: Iterable[int] = (), skipped: Iterable[SkippedRetry] = ()) -> None:
+        super().__init__(retried)
+        self.skipped = list(skipped)
+
+    def __repr__(self) -> str:
+        return f"RetryResult({list(self)!r}, skipped={self.skipped!r})"

@@ -36,16 +36,19 @@ BATCH_SIZE = 1000
 
 @dataclass(frozen=True)
 class Done:
-    """What a bulk action did: *changed* of the *seen* jobs it looked at."""
+    """What a bulk action did: *changed* of the *seen* jobs it looked at, and the jobs a
+    retry left alone because another job holds their key (*skipped*)."""
 
     changed: int
     seen: int
+    skipped: tuple[ops.SkippedRetry, ...] = ()
 
 
-def retry_job(engine: Engine, job_id: int) -> bool:
-    """Queue failed or cancelled job *job_id* again (:func:`sqlaq.retry`); whether it was."""
+def retry_job(engine: Engine, job_id: int) -> ops.RetryResult:
+    """Queue failed or cancelled job *job_id* again (:func:`sqlaq.retry`): a list holding
+    its id if it was, with its :class:`~sqlaq.ops.SkippedRetry` if its key is taken."""
     with engine.begin() as conn:
-        return bool(ops.retry(conn, [job_id]))
+        return ops.retry(conn, [job_id])
 
 
 def cancel_job(engine: Engine, job_id: int) -> bool:
@@ -69,8 +72,10 @@ def resume_queue(engine: Engine, queue: str) -> bool:
 
 def retry_group(engine: Engine, *, kind: str, error: str, since: timedelta | None) -> Done:
     """Retry every failed job of *kind* whose ``last_error`` starts with the line
-    *error* (and, with *since*, that failed within it), in batches by id."""
+    *error* (and, with *since*, that failed within it), in batches by id; a job whose
+    key another job holds is left failed and listed in :attr:`Done.skipped`."""
     changed = seen = after = 0
+    skipped: list[ops.SkippedRetry] = []
     with engine.connect() as conn:
         while True:
             stmt = queries.failure_group_ids_stmt(
@@ -80,10 +85,12 @@ def retry_group(engine: Engine, *, kind: str, error: str, since: timedelta | Non
             if not ids:
                 break
             seen += len(ids)
-            changed += len(ops.retry(conn, ids))
+            retried = ops.retry(conn, ids)
+            changed += len(retried)
+            skipped.extend(retried.skipped)
             conn.commit()
             after = ids[-1]
-    return Done(changed, seen)
+    return Done(changed, seen, tuple(skipped))
 
 
 def count_prunable(engine: Engine, ages: Mapping[JobStatus, timedelta]) -> dict[JobStatus, int]:

@@ -24,6 +24,7 @@ from starlette.templating import Jinja2Templates
 
 from sqlaq import migrations, queries
 from sqlaq.dashboard import actions, csrf, forms, reads
+from sqlaq.records import RetryResult
 from sqlaq.registry import Registry
 
 __all__ = ["NOTICES", "Views"]
@@ -33,8 +34,9 @@ T = TypeVar("T")
 #: The notices a redirect after an action may show (by code: never text from the URL).
 NOTICES = {
     "retried": "Job queued again.",
-    "not-retried": "Nothing to retry: the job is not failed or cancelled any more, or "
-    "another pending job holds its dedupe key.",
+    "not-retried": "Nothing to retry: the job is not failed or cancelled any more.",
+    "key-taken": "Not retried: another pending job holds its dedupe or debounce key; "
+    "retry it once that job has finished.",
     "cancelled": "Job cancelled.",
     "paused": "Queue paused: no worker claims its jobs until it is resumed.",
     "not-paused": "The queue was paused already.",
@@ -249,9 +251,10 @@ class Views:
         await self.ensure_schema()
         changed = await run_in_threadpool(act, self.engine, job_id)
         did = {"retry": "retried", "cancel": "cancelled"}[verb]
-        return self.redirect(
-            request, "job", f"did={did if changed else 'not-' + did}", job_id=job_id
-        )
+        did = did if changed else "not-" + did
+        if isinstance(changed, RetryResult) and changed.skipped:
+            did = "key-taken"
+        return self.redirect(request, "job", f"did={did}", job_id=job_id)
 
     async def queue_action(self, request: Request) -> Response:
         """``POST /queues/pause`` and ``/resume`` (form field ``queue``), then back to

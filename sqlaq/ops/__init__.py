@@ -48,6 +48,8 @@ from sqlaq.records import (
     LimitedClaim,
     PausedQueue,
     PruneResult,
+    RetryResult,
+    SkippedRetry,
     WorkerInfo,
 )
 
@@ -62,6 +64,8 @@ __all__ = [
     "LimitedClaim",
     "PausedQueue",
     "PruneResult",
+    "RetryResult",
+    "SkippedRetry",
     "WorkerInfo",
     "cancel",
     "cancelled_among",

@@ -16,7 +16,7 @@ from sqlaq.encoding import (
 )
 from sqlaq.errors import ConfigError, shown
 from sqlaq.ops._common import DEFAULT_PRUNE_BATCH, _check_positive, _ids
-from sqlaq.records import PruneResult
+from sqlaq.records import PruneResult, RetryResult, SkippedRetry
 from sqlaq.schema import (
     FINISHED_STATUSES,
     JobStatus,
@@ -27,19 +27,81 @@ _log = logging.getLogger("sqlaq.ops")
 
 
 @operation
-def retry(job_ids: int | Iterable[int]) -> Plan[list[int]]:
+def retry(job_ids: int | Iterable[int]) -> Plan[RetryResult]:
     """Queue failed or cancelled jobs again, due now, with a fresh set of attempts.
 
-    Jobs in any other status are left alone, and so is a job whose dedupe key is now
-    held by another pending job. ``last_error`` is kept.
+    Jobs in any other status are left alone. So is a job whose key another job holds:
+    its dedupe key held by a pending (queued or running) job, or, for a job that never
+    started, its debounce key held by a never-started queued job. Of several jobs of
+    one key in a call, the lowest id is queued again and the others are left. Each job
+    left for its key is reported in :attr:`RetryResult.skipped`, never as an error: the
+    rest of the call is retried. ``last_error`` is kept.
+
+    The statement runs in a savepoint. A job enqueued with one of the keys while it runs
+    (which it cannot see) makes PostgreSQL refuse it with a unique violation; then the
+    savepoint is rolled back and the jobs are retried one at a time, each in its own
+    savepoint, so only the job whose key was taken is skipped, and the caller's
+    transaction stays usable.
 
     Returns:
-        The ids of the jobs queued again.
+        The ids of the jobs queued again (a :class:`RetryResult`, a ``list`` that also
+        carries what was skipped and why).
     """
     ids = _ids(job_ids)
     if not ids:
-        return []
-    return list((yield queries.retry_stmt(job_ids=ids), None).scalars())
+        return RetryResult()
+    outcome = yield Savepoint(queries.retry_stmt(job_ids=ids))
+    if not isinstance(outcome, DBAPIError):
+        return _retried(outcome)
+    if _sqlstate(outcome) != _UNIQUE_VIOLATION:
+        raise outcome
+    retried: list[int] = []
+    skipped: list[SkippedRetry] = []
+    for job_id in sorted(set(ids)):
+        one = yield from _retry_one(job_id)
+        retried.extend(one)
+        skipped.extend(one.skipped)
+    return RetryResult(retried, skipped)
+
+
+# A job whose key is taken again between a statement's snapshot and its write is tried
+# this many times (each try sees the jobs committed before it) before it is skipped.
+_RETRY_ROUNDS = 3
+
+
+def _retry_one(job_id: int) -> Plan[RetryResult]:
+    """Retry one job in a savepoint; skip it if its key stays taken by jobs enqueued
+    meanwhile (or by a job this transaction's snapshot cannot see)."""
+    for _ in range(_RETRY_ROUNDS):
+        outcome = yield Savepoint(queries.retry_stmt(job_ids=[job_id]))
+        if not isinstance(outcome, DBAPIError):
+            return _retried(outcome)
+        if _sqlstate(outcome) != _UNIQUE_VIOLATION:
+            raise outcome
+    row = (yield queries.get_job_stmt(job_id=job_id), None).first()
+    if row is None:  # deleted meanwhile
+        return RetryResult()
+    if row.dedupe_key is not None:
+        skip = SkippedRetry(job_id, row.dedupe_key, None, "dedupe_key")
+    else:
+        skip = SkippedRetry(job_id, row.debounce_key, None, "debounce_key")
+    return RetryResult((), [skip])
+
+
+def _retried(result: Any) -> RetryResult:
+    """A :class:`RetryResult` from the rows of :func:`~sqlaq.queries.retry_stmt`."""
+    retried: list[int] = []
+    skipped: list[SkippedRetry] = []
+    for row in result:
+        if row.retried:
+            retried.append(row.id)
+        elif row.dedupe_holder is not None:
+            skipped.append(SkippedRetry(row.id, row.dedupe_key, row.dedupe_holder, "dedupe_key"))
+        else:
+            skipped.append(
+                SkippedRetry(row.id, row.debounce_key, row.debounce_holder, "debounce_key")
+            )
+    return RetryResult(retried, skipped)
 
 
 @operation
@@ -179,6 +241,7 @@ def _delete_around_references(stmt: Any) -> Plan[int]:
 
 
 _FOREIGN_KEY_VIOLATION = "23503"
+_UNIQUE_VIOLATION = "23505"
 
 
 def _sqlstate(exc: DBAPIError) -> str | None:

@@ -53,37 +53,112 @@ from sqlaq.schema import (
 )
 
 
-def retry_stmt(*, job_ids: Collection[int]) -> Update:
-    """Queue failed or cancelled jobs again, due now, with a fresh set of attempts.
+def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
+    """Queue failed or cancelled jobs again, due now, with a fresh set of attempts, but
+    never two jobs of one key: select ``id, retried, dedupe_key, dedupe_holder,
+    debounce_key, debounce_holder`` for each job retried or left for its key.
 
-    Renders ``UPDATE sqlaq_jobs SET status = 'queued', run_at = now(), attempts = 0,
-    finished_at = NULL WHERE id = ANY(:b_ids) AND status IN ('failed', 'cancelled') AND
-    NOT EXISTS (<a pending job with the same kind and dedupe_key>) RETURNING id``.
-    ``last_error`` is kept as history. A job whose dedupe key is held by another pending
-    job is left alone (retrying it would break the at-most-one-pending rule), and so is a
-    never-started job whose debounce key another never-started queued job holds.
+    Renders::
+
+        WITH picked AS MATERIALIZED (
+            SELECT id, kind, dedupe_key,
+                CASE WHEN attempted_at IS NULL THEN debounce_key END AS debounce_key
+            FROM sqlaq_jobs WHERE id = ANY(:b_ids) AND status IN ('failed', 'cancelled')
+            ORDER BY id FOR UPDATE),
+        ranked AS (
+            SELECT id, dedupe_key, debounce_key,
+                CASE WHEN dedupe_key IS NOT NULL THEN coalesce(
+                    (SELECT min(id) FROM sqlaq_jobs AS twin WHERE <a pending job of
+                        the same kind and dedupe_key, not this one>),
+                    nullif(min(id) OVER (PARTITION BY kind, dedupe_key), id))
+                END AS dedupe_holder,
+                CASE WHEN debounce_key IS NOT NULL THEN coalesce(
+                    (<a never-started queued job of the same kind and debounce_key>),
+                    nullif(min(id) OVER (PARTITION BY kind, debounce_key), id))
+                END AS debounce_holder
+            FROM picked),
+        retried AS (
+            UPDATE sqlaq_jobs SET status = 'queued', run_at = now(), attempts = 0,
+                finished_at = NULL, locked_by = NULL, lease_token = NULL
+            FROM ranked WHERE sqlaq_jobs.id = ranked.id
+                AND dedupe_holder IS NULL AND debounce_holder IS NULL
+            RETURNING sqlaq_jobs.id)
+        SELECT ranked.id, retried.id IS NOT NULL AS retried, dedupe_key, dedupe_holder,
+            debounce_key, debounce_holder
+        FROM ranked LEFT JOIN retried ON retried.id = ranked.id
+        WHERE retried.id IS NOT NULL OR dedupe_holder IS NOT NULL
+            OR debounce_holder IS NOT NULL
+        ORDER BY ranked.id
+
+    The keys a retry can collide on are those of the unique indexes: ``(kind,
+    dedupe_key)`` among pending (queued or running) jobs, and ``(kind, debounce_key)``
+    among never-started queued jobs (a job that has started once is out of that index
+    for good, so its debounce key is NULL in ``picked``). A job whose key a pending job
+    holds is left alone and named with that job (its *holder*); among the jobs of one
+    key in the call, the lowest id is retried and the others name it. ``last_error`` is
+    kept as history. ``unique_for`` holds are not consulted: a retry queues the same job
+    again, it does not enqueue a new one.
+
+    The holders are read from the statement's snapshot: a job enqueued with the key
+    after it began still makes the UPDATE fail with a unique violation
+    (:func:`sqlaq.retry` runs it in a savepoint and falls back to one job at a time).
     """
-    twin = jobs.alias("twin")
-    return (
-        update(jobs)
-        .where(
-            c.id == func.any(bindparam("b_ids", list(job_ids), _IDS)),
-            c.status.in_([_status(JobStatus.FAILED), _status(JobStatus.CANCELLED)]),
-            ~exists().where(
-                twin.c.kind == c.kind,
-                twin.c.dedupe_key == c.dedupe_key,
-                twin.c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)]),
-                twin.c.id != c.id,
-            ),
-            ~exists().where(
-                twin.c.kind == c.kind,
-                twin.c.debounce_key == c.debounce_key,
-                twin.c.status == _status(JobStatus.QUEUED),
-                twin.c.attempted_at.is_(None),
-                c.attempted_at.is_(None),
-                twin.c.id != c.id,
-            ),
+    ids = bindparam("b_ids", list(job_ids), _IDS)
+    picked = (
+        select(
+            c.id,
+            c.kind,
+            c.dedupe_key,
+            case((c.attempted_at.is_(None), c.debounce_key)).label("debounce_key"),
         )
+        .where(
+            c.id == func.any(ids),
+            c.status.in_([_status(JobStatus.FAILED), _status(JobStatus.CANCELLED)]),
+        )
+        .order_by(c.id)
+        .with_for_update()
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    p = picked.c
+    twin = jobs.alias("twin")
+    dedupe_twin = (
+        select(func.min(twin.c.id))
+        .where(
+            twin.c.kind == p.kind,
+            twin.c.dedupe_key == p.dedupe_key,
+            twin.c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)]),
+            twin.c.id != p.id,
+        )
+        .scalar_subquery()
+    )
+    debounce_twin = (
+        select(func.min(twin.c.id))
+        .where(
+            twin.c.kind == p.kind,
+            twin.c.debounce_key == p.debounce_key,
+            twin.c.status == _status(JobStatus.QUEUED),
+            twin.c.attempted_at.is_(None),
+            twin.c.id != p.id,
+        )
+        .scalar_subquery()
+    )
+
+    def holder(key: Any, live: Any) -> Any:
+        first = func.min(p.id).over(partition_by=[p.kind, key])
+        return case((key.is_not(None), func.coalesce(live, func.nullif(first, p.id))))
+
+    ranked = select(
+        p.id,
+        p.dedupe_key,
+        holder(p.dedupe_key, dedupe_twin).label("dedupe_holder"),
+        p.debounce_key,
+        holder(p.debounce_key, debounce_twin).label("debounce_holder"),
+    ).cte("ranked")
+    r = ranked.c
+    retried = (
+        update(jobs)
+        .where(c.id == r.id, r.dedupe_holder.is_(None), r.debounce_holder.is_(None))
         .values(
             status=_status(JobStatus.QUEUED),
             run_at=_NOW,
@@ -93,6 +168,21 @@ def retry_stmt(*, job_ids: Collection[int]) -> Update:
             lease_token=null(),
         )
         .returning(c.id)
+        .cte("retried")
+    )
+    done = retried.c.id.is_not(None)
+    return (
+        select(
+            r.id,
+            done.label("retried"),
+            r.dedupe_key,
+            r.dedupe_holder,
+            r.debounce_key,
+            r.debounce_holder,
+        )
+        .select_from(ranked.outerjoin(retried, retried.c.id == r.id))
+        .where(or_(done, r.dedupe_holder.is_not(None), r.debounce_holder.is_not(None)))
+        .order_by(r.id)
     )
 
 

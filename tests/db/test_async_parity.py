@@ -72,6 +72,7 @@ NO_TWIN: dict[str, str] = {
             "sqlaq.dashboard.actions.retry_job",
             "sqlaq.dashboard.reads.failure_groups",
             "sqlaq.dashboard.reads.job",
+            "sqlaq.dashboard.reads.job_value",
             "sqlaq.dashboard.reads.jobs_page",
             "sqlaq.dashboard.reads.overview",
             "sqlaq.dashboard.reads.schedules",
