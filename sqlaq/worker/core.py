@@ -40,6 +40,7 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
+import psycopg
 from sqlalchemy import Engine, create_engine
 from sqlalchemy import exc as sa_exc
 
@@ -221,7 +222,7 @@ class Worker:
             while not self._stopping.is_set():
                 try:
                     self._step(claiming=True)
-                except sa_exc.DBAPIError as exc:
+                except _DATABASE_ERRORS as exc:
                     changed = self._schema_changed(exc)
                     if changed is None:
                         raise
@@ -236,7 +237,7 @@ class Worker:
         if changed is not None:
             raise changed
 
-    def _schema_changed(self, error: sa_exc.DBAPIError) -> SchemaOutOfDateError | None:
+    def _schema_changed(self, error: Exception) -> SchemaOutOfDateError | None:
         """If *error*, which no wait cures, comes from the schema having changed under
         the worker (``alembic downgrade``), say so in one line and stop; else None."""
         if is_transient(error):
@@ -616,7 +617,7 @@ class Worker:
             return
         try:
             self._drain()
-        except sa_exc.DBAPIError as exc:
+        except _DATABASE_ERRORS as exc:
             if is_transient(exc):
                 raise
             _log.error(
@@ -714,6 +715,9 @@ class Worker:
         if self.started.is_set():
             _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})
 
+
+#: A statement's failure, from SQLAlchemy or (precompiled statements) from psycopg itself.
+_DATABASE_ERRORS = (sa_exc.DBAPIError, psycopg.Error)
 
 #: The Worker's keyword arguments besides its options (for the did-you-mean of an
 #: unknown one).
