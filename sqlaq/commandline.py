@@ -22,6 +22,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
+from sqlaq.dsn import ASYNC_DRIVERS, SYNC_DRIVER, sync_url
 from sqlaq.errors import ConfigError, SchemaOutOfDateError
 from sqlaq.option import Domain, PrepareThreshold, Text
 from sqlaq.registry import Registry
@@ -48,10 +49,6 @@ T = TypeVar("T")
 #: The exit code of a usage or configuration error (one line on stderr).
 EXIT_USAGE = 2
 
-#: Async drivers an application's ``DATABASE_URL`` often names: the commands are
-#: synchronous, so they use psycopg (3) on the same URL instead.
-_ASYNC_DRIVERS = frozenset({"postgresql+asyncpg", "postgresql+psycopg_async"})
-_SYNC_DRIVER = "postgresql+psycopg"
 _MAX_PORT = 65535
 
 
@@ -149,14 +146,12 @@ def database_engine(
             not installed, or holds a ``prepare_threshold`` that is not none or a number.
     """
     parsed = _parse_url(url)
-    if parsed.drivername in {"postgresql", "postgres"}:
-        parsed = parsed.set(drivername=_SYNC_DRIVER)
-    elif parsed.drivername in _ASYNC_DRIVERS:
+    if parsed.drivername in ASYNC_DRIVERS:
         notice(
             f"{parsed.drivername} is an async driver; this command is synchronous and "
-            f"uses {_SYNC_DRIVER} (psycopg) on the same URL"
+            f"uses {SYNC_DRIVER} (psycopg) on the same URL"
         )
-        parsed = parsed.set(drivername=_SYNC_DRIVER)
+    parsed = sync_url(parsed)
     if not parsed.drivername.startswith("postgresql"):
         raise UsageError(f"sqlaq needs PostgreSQL; got a {parsed.drivername!r} URL")
     connect_args: dict[str, Any] = {"connect_timeout": 10}
@@ -175,7 +170,7 @@ def database_engine(
         engine.dispose()
         raise UsageError(
             f"cannot use database URL {parsed!r}: {parsed.drivername} is an async driver; "
-            f"use {_SYNC_DRIVER}"
+            f"use {SYNC_DRIVER}"
         )
     return engine
 

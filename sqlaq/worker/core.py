@@ -46,6 +46,7 @@ from sqlalchemy import exc as sa_exc
 
 from sqlaq import ops, queries
 from sqlaq.config import WorkerConfig, check_options
+from sqlaq.dsn import ASYNC_DRIVERS, SYNC_DRIVER, sync_url
 from sqlaq.errors import ConfigError, SchemaOutOfDateError
 
 if TYPE_CHECKING:
@@ -723,13 +724,6 @@ _DATABASE_ERRORS = (sa_exc.DBAPIError, psycopg.Error)
 #: unknown one).
 _KEYWORDS = ("config", "on_job_finished", "on_job_started", "sessionmaker")
 
-#: The sync driver used for a URL of each async one.
-SYNC_DRIVERS = {
-    "postgresql+psycopg_async": "postgresql+psycopg",
-    "postgresql+asyncpg": "postgresql+psycopg",
-}
-
-
 def sync_engine(engine: object) -> Engine:
     """*engine* if it is an Engine; for an AsyncEngine, a new Engine on its URL with the
     sync psycopg driver (the worker's threads need blocking connections).
@@ -747,11 +741,10 @@ def sync_engine(engine: object) -> Engine:
             f"sqlaq.Worker needs a SQLAlchemy Engine or AsyncEngine, got {type(engine).__name__}"
         )
     url = inner.url
-    driver = SYNC_DRIVERS.get(url.drivername)
-    if driver is None:
+    if url.drivername not in ASYNC_DRIVERS:
         raise ConfigError(
             f"sqlaq.Worker cannot use the async driver {url.drivername!r}; "
             "use postgresql+psycopg_async:// or postgresql+asyncpg://"
         )
-    _log.info("worker connects with %s (sync) to the AsyncEngine's database", driver)
-    return create_engine(url.set(drivername=driver), pool_pre_ping=True)
+    _log.info("worker connects with %s (sync) to the AsyncEngine's database", SYNC_DRIVER)
+    return create_engine(sync_url(url), pool_pre_ping=True)
