@@ -290,8 +290,7 @@ def check_options(given: Iterable[str], *, also: Iterable[str] = ()) -> None:
         close = difflib.get_close_matches(name, candidates, n=1)
         named.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
     raise ConfigError(
-        f"unknown worker option(s): {', '.join(named)}; "
-        f"the options are {', '.join(sorted(known))}"
+        f"unknown worker option(s): {', '.join(named)}; the options are {', '.join(sorted(known))}"
     )
 
 

@@ -31,8 +31,8 @@ import sys
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from functools import partial
 from datetime import datetime, timedelta
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeAlias
 from uuid import UUID

@@ -324,8 +324,12 @@ def test_a_session_connection_lost_before_the_handler_costs_no_attempt(
             )
             assert idle  # the session's pooled connection, idle
             wait_until(
-                lambda: not rows(
-                    effects, "SELECT 1 FROM pg_stat_activity WHERE application_name = :n", n=name
+                lambda: (
+                    not rows(
+                        effects,
+                        "SELECT 1 FROM pg_stat_activity WHERE application_name = :n",
+                        n=name,
+                    )
                 ),
                 10,
                 "the backend to go",

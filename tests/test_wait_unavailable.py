@@ -68,7 +68,8 @@ def test_wait_retries_a_read_refused_for_too_many_connections(
             holder.close()
         thread.join(30)
     engine.dispose()
-    assert got and got[0].status == sqlaq.JobStatus.DONE
+    assert got
+    assert got[0].status == sqlaq.JobStatus.DONE
     assert "too many connections for role" in caplog.text
 
 

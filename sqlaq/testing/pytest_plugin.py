@@ -10,8 +10,9 @@ Fixtures:
     A database of its own, created on the server named by ``--sqlaq-database-url``,
     ``SQLAQ_TEST_DATABASE_URL`` or ``DATABASE_URL`` (the database in that URL is only
     used to create and drop it), migrated to sqlaq's head, and dropped at the end of
-    the session. Its URL names psycopg (sync), whatever driver the given one names: an
-    async application's ``postgresql+asyncpg://`` is fine. Override this fixture to use a database your own migrations built.
+    the session. Its URL names psycopg (sync), whatever driver the given one names:
+    an async application's ``postgresql+asyncpg://`` is fine. Override this fixture to
+    use a database your own migrations built.
 ``sqlaq_engine`` (session)
     An Engine on it.
 ``sqlaq_connection``

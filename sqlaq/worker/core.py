@@ -724,6 +724,7 @@ _DATABASE_ERRORS = (sa_exc.DBAPIError, psycopg.Error)
 #: unknown one).
 _KEYWORDS = ("config", "on_job_finished", "on_job_started", "sessionmaker")
 
+
 def sync_engine(engine: object) -> Engine:
     """*engine* if it is an Engine; for an AsyncEngine, a new Engine on its URL with the
     sync psycopg driver (the worker's threads need blocking connections).

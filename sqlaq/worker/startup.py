@@ -96,12 +96,14 @@ def start_check(
             describe(error) if error is not None else "",
         )
 
+    def stop_or_sleep(seconds: float) -> None:
+        stop.wait(seconds)  # a stop cuts it short: the next attempt returns at once
+
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_transient),
-        stop=tenacity.stop_after_delay(start_timeout.total_seconds())
-        | tenacity.stop_any(lambda _: stop.is_set()),
+        stop=tenacity.stop_after_delay(start_timeout.total_seconds()),
         wait=lambda state: DATABASE_BACKOFF(state.attempt_number).total_seconds(),
-        sleep=stop.wait,
+        sleep=stop_or_sleep,
         before_sleep=log_retry,
         reraise=True,
     )
@@ -183,7 +185,9 @@ def check_listen_url(engine: Engine, url: str) -> None:
         except sa_exc.DBAPIError as exc:
             if is_transient(exc):
                 raise
-            raise ConfigError(f"cannot use the listen URL {direct.url!r}: {describe(exc)}") from None
+            raise ConfigError(
+                f"cannot use the listen URL {direct.url!r}: {describe(exc)}"
+            ) from None
     finally:
         direct.dispose()
     if found != expected:

@@ -84,8 +84,11 @@ def check_connection(session: Session) -> None:
     if not isinstance(session.get_bind(), Engine):
         return
     connection = session.connection()
+    dbapi = connection.connection.dbapi_connection
+    if dbapi is None:  # pragma: no cover - a checked-out connection has one
+        return
     try:
-        connection.dialect.do_ping(connection.connection.dbapi_connection)
+        connection.dialect.do_ping(dbapi)
     except Exception as exc:
         if not is_transient(exc):
             raise
