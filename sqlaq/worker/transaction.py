@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from sqlalchemy import Engine
 
-from sqlaq import ops
+from sqlaq import ops, queries
 from sqlaq.config import DEFAULT_CONCURRENCY
 from sqlaq.context import bind, unbind
 from sqlaq.errors import ConfigError
@@ -72,8 +72,10 @@ HANDED_BACK = Outcome(Verdict.SNOOZED, delay=timedelta(0))
 
 
 def check_connection(session: Session) -> None:
-    """Ping the connection *session*'s transaction runs on, before the handler runs
-    (what ``pool_pre_ping`` does at checkout, for a pool the host made without it).
+    """Ping the connection *session*'s transaction runs on, in that transaction, before
+    the handler runs (what ``pool_pre_ping`` does at checkout, for a pool the host made
+    without it): once it answers, the transaction is open and what follows is the
+    handler's.
 
     Only a connection the session took from an engine's pool, before anything ran on
     it: a session joined to a caller's connection (a test's drain) is left alone.
@@ -84,15 +86,13 @@ def check_connection(session: Session) -> None:
     if not isinstance(session.get_bind(), Engine):
         return
     connection = session.connection()
-    dbapi = connection.connection.dbapi_connection
-    if dbapi is None:  # pragma: no cover - a checked-out connection has one
-        return
     try:
-        connection.dialect.do_ping(dbapi)
+        connection.execute(queries.ping_stmt())
     except Exception as exc:
         if not is_transient(exc):
             raise
-        connection.invalidate(exc)
+        if not connection.invalidated:
+            connection.invalidate(exc)
         raise _ConnectionLost(describe(exc)) from exc
 
 
