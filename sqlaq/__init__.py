@@ -19,6 +19,7 @@ from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
 from sqlaq.encoding import JobBatch, NewJob
 from sqlaq.errors import (
     ConfigError,
+    DatabaseUnavailableError,
     InvalidJobError,
     JobTimeoutError,
     LeaseLostError,
@@ -147,6 +148,7 @@ __all__ = [
     "Backoff",
     "ClaimedJob",
     "ConfigError",
+    "DatabaseUnavailableError",
     "EnqueueOutcome",
     "EnqueueResult",
     "Handler",

@@ -51,9 +51,11 @@ def run_cli(
     )
 
 
-def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+def assert_usage_error(
+    result: subprocess.CompletedProcess[str], *fragments: str, code: int = 2
+) -> None:
     lines = result.stderr.splitlines()
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == code, result.stderr
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("sqlaq-worker: error: ")
     assert "Traceback" not in result.stderr
@@ -94,13 +96,18 @@ def test_unknown_module_attribute_or_not_a_registry_is_one_line_exit_2(
 
 
 @pytest.mark.timeout(60)
-def test_unreachable_database_is_one_line_exit_2() -> None:
+def test_unreachable_database_is_one_line_exit_1_after_the_start_timeout() -> None:
+    """Unavailable, not misconfigured: a supervisor may start the command again."""
     result = run_cli(
         "worker_app:registry",
         "--database-url",
         "postgresql://postgres:secret@127.0.0.1:1/nowhere",
+        "--start-timeout",
+        "0",
     )
-    assert_usage_error(result, "cannot use the database at", "127.0.0.1:1")
+    assert_usage_error(
+        result, "the database at", "127.0.0.1:1", "unavailable after 0s (start_timeout)", code=1
+    )
     assert "secret" not in result.stderr
 
 
@@ -341,10 +348,14 @@ def test_bad_listen_url_or_prepare_threshold_is_one_line_exit_2(
             "worker_app:registry",
             "--listen-url",
             "postgresql://postgres:secret@127.0.0.1:1/nowhere",
+            "--start-timeout",
+            "0",
             database_url=database_url,
         ),
-        "cannot use the listen URL",
+        "the listen URL",
         "127.0.0.1:1",
+        "unavailable after 0s",
+        code=1,
     )
     # Another database: its NOTIFY and advisory locks are not the queue's.
     result = run_cli(
