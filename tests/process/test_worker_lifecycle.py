@@ -23,8 +23,7 @@ import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
-from workerkit import enqueue, job
-from workerkit import wait_until, worker_processes
+from workerkit import enqueue, job, wait_until, worker_processes
 
 import sqlaq
 from sqlaq import migrations
