@@ -23,9 +23,10 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
 from sqlaq import migrations, queries
+from sqlaq.bounds import set_max_payload_bytes
 from sqlaq.errors import ConfigError, SchemaOutOfDateError
 from sqlaq.maintenance import direct_engine
-from sqlaq.option import Domain, PrepareThreshold, Text
+from sqlaq.option import Domain, Integer, PrepareThreshold, Text
 from sqlaq.registry import Registry
 from sqlaq.schema import (
     PAUSED_TABLE,
@@ -49,6 +50,7 @@ __all__ = [
     "db_error",
     "load_registry",
     "one_line",
+    "payload_limit",
     "redact",
     "typed",
 ]
@@ -112,6 +114,19 @@ def typed(domain: Domain[T], label: str) -> Callable[[str], T]:
 
     convert.__name__ = label
     return convert
+
+
+def payload_limit(environ: Mapping[str, str]) -> None:
+    """Set the process's payload limit from ``SQLAQ_MAX_PAYLOAD_BYTES``, if set (see
+    :func:`sqlaq.bounds.set_max_payload_bytes`).
+
+    Raises:
+        UsageError: it is not a number of bytes from 2 to 255 MiB.
+    """
+    text = environ.get("SQLAQ_MAX_PAYLOAD_BYTES")
+    if text:
+        limit = typed(Integer(2, 255 * 1024 * 1024), "SQLAQ_MAX_PAYLOAD_BYTES")(text)
+        set_max_payload_bytes(limit)
 
 
 def database_url(flag: str | None, environ: Mapping[str, str]) -> str:

@@ -22,12 +22,14 @@ from uuid import UUID
 
 from sqlalchemy.orm import DeclarativeBase, Mapped, validates
 
+from sqlaq.bounds import check_payload_size
 from sqlaq.encoding import (
     check_dedupe_key,
     check_duration,
     check_int,
     check_name,
     check_run_at,
+    encode_payload,
     plain_payload,
 )
 from sqlaq.errors import InvalidJobError
@@ -105,8 +107,11 @@ class Job(_Base):
 
     @validates("payload")
     def _validate_payload(self, key: str, value: dict[str, Any]) -> dict[str, Any]:
-        # The column's own JSON serializer runs at flush: hand it plain values.
-        return plain_payload(value)
+        # The column's own JSON serializer runs at flush: hand it plain values, within
+        # the process's payload limit (measured as enqueue measures it).
+        plain = plain_payload(value)
+        check_payload_size(encode_payload(plain))
+        return plain
 
     @validates("priority")
     def _validate_priority(self, key: str, value: int) -> int:
