@@ -9,6 +9,7 @@ they see of each other.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -452,3 +453,26 @@ def test_an_embedded_server_that_cannot_start_is_one_usage_error(tmp_path: Path)
     blocker.write_text("not a folder")
     with pytest.raises(UsageError, match=r"^no database URL, and "):
         database_url(None, {"SQLAQ_EMBEDDED_DIR": str(blocker / "sqlaq")})
+
+
+#: A string that starts as an SQL statement does.
+SQL_TEXT = re.compile(
+    r"^\s*(SELECT|SHOW|CREATE|DROP|ALTER|INSERT|UPDATE|DELETE|SET|WITH|GRANT)\s+\S"
+)
+
+
+def test_the_embedded_servers_sql_lives_in_its_statement_builders() -> None:
+    tree = ast.parse((ROOT / "sqlaq" / "embedded.py").read_text())
+    outside: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            function = node.name
+        text = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(text, str) and SQL_TEXT.match(text) and not function.endswith("_stmt"):
+            outside.append((node.lineno, text))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, "")
+    assert outside == []
