@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 import sqlaq
 import sqlaq.asyncio as aq
-from sqlaq import DEFAULT_MAX_PAYLOAD_BYTES, ConfigError, InvalidJobError, NewJob, admin
+from sqlaq import DEFAULT_MAX_PAYLOAD_BYTES, ConfigError, InvalidJobError, NewJob, admin, cli
 from sqlaq.bounds import max_payload_bytes
 from tests.helpers import count_jobs
 
@@ -155,3 +155,15 @@ def test_the_enqueue_command_is_one_line_exit_2(
         assert err.startswith("sqlaq: SQLAQ_MAX_PAYLOAD_BYTES"), err
     with engine.connect() as conn:
         assert count_jobs(conn, "kind = 'cli-big'") == 0
+
+
+def test_the_worker_command_takes_the_limit_from_its_environment(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.run_worker(["no_such_module:registry"], {"SQLAQ_MAX_PAYLOAD_BYTES": "0"}) == 2
+    assert capsys.readouterr().err == (
+        "sqlaq-worker: error: SQLAQ_MAX_PAYLOAD_BYTES must be between 2 and 267386880, got 0\n"
+    )
+    env = {"SQLAQ_MAX_PAYLOAD_BYTES": "4096", "SQLAQ_DATABASE_URL": "postgresql://u@h/d"}
+    assert cli.run_worker(["no_such_module:registry"], env) == 2  # the app does not load
+    assert max_payload_bytes() == 4096
