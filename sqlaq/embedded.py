@@ -51,7 +51,6 @@ import atexit
 import json
 import logging
 import os
-import pwd
 import shutil
 import signal
 import stat
@@ -317,6 +316,8 @@ def _plan(folder: Path, as_root: bool) -> str:
             "and starting it"
         )
     if as_root:
+        import pwd  # POSIX only, as root is
+
         try:
             pwd.getpwnam(OS_USER)
             made = ""
