@@ -50,6 +50,7 @@ from sqlaq.commandline import (
     database_url,
     load_registry,
     one_line,
+    payload_limit,
     typed,
 )
 from sqlaq.config import WORKER_OPTIONS, WorkerConfig
@@ -311,6 +312,7 @@ def _on_signal(worker: Worker, name: str, count: int) -> None:
 def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
     """``sqlaq-worker`` with explicit arguments and environment; returns the exit code."""
     try:
+        payload_limit(environ)
         options = parse_options(argv, environ)
         configure_logging(options.log_level, options.log_format)
         registry = load_registry(options.app)

