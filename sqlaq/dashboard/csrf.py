@@ -24,6 +24,7 @@ __all__ = ["COOKIE", "FIELD", "CsrfError", "check", "set_cookie", "token"]
 
 #: The cookie and the form field that carry the token.
 COOKIE = "sqlaq_csrf"
+#: The form field that carries the token (the cookie is :data:`COOKIE`).
 FIELD = "csrf_token"
 _LENGTH = 43  # token_urlsafe(32)
 
