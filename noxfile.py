@@ -32,13 +32,16 @@ nox.options.sessions = ["tests", "lint", "types"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = None  # the interpreter nox runs on (>= 3.11)
+#: The suite runs in parallel (pytest-xdist): one process per core, each with a database
+#: of its own (tests/conftest.py). ``nox -s tests -- -n 0`` runs it serially.
+PARALLEL = ["-n", "auto"]
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Run the test suite against a real PostgreSQL (see tests/conftest.py)."""
     session.install("-e", ".[test]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PARALLEL, *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -64,7 +67,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def browser(session: nox.Session) -> None:
-    """The dashboard in a real browser (tests/test_dashboard_browser.py): headless
+    """The dashboard in a real browser (tests/process/test_dashboard_browser.py): headless
     Chromium from Debian's package, installed here when missing (needs root and apt),
     driven by Playwright; saves the README's screenshot, docs/dashboard.png.
 
@@ -81,8 +84,8 @@ def browser(session: nox.Session) -> None:
     session.install("-e", ".[test,browser]")
     env = {"SQLAQ_BROWSER": chromium, "SQLAQ_DASHBOARD_SCREENSHOT": "docs/dashboard.png"}
     session.run(
-        "pytest", "-p", "no:cacheprovider", "tests/test_dashboard_browser.py", *session.posargs,
-        env=env,
+        "pytest", "-p", "no:cacheprovider", "tests/process/test_dashboard_browser.py",
+        *session.posargs, env=env,
     )  # fmt: skip
 
 
@@ -153,7 +156,7 @@ def minimums(session: nox.Session) -> None:
     constraints.write_text("\n".join(floor_pins()) + "\n")
     session.install("-c", str(constraints), "-e", ".[test]")
     session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
-    session.run("pytest", "-p", "no:cacheprovider", *session.posargs)
+    session.run("pytest", "-p", "no:cacheprovider", *PARALLEL, *session.posargs)
 
 
 # -- PostgreSQL versions ----------------------------------------------------------------
@@ -304,7 +307,8 @@ def matrix(session: nox.Session) -> None:
         try:
             with _server(session, version) as env:
                 session.run(
-                    "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *pytest_args,
+                    "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *PARALLEL,
+                    *pytest_args,
                     env=env, success_codes=[0, 1],
                 )  # fmt: skip
         except (OSError, subprocess.CalledProcessError, nox.command.CommandFailed) as exc:
@@ -407,7 +411,7 @@ def _pgbouncer(binary: str, server_url: str) -> Iterator[str]:
 
 @nox.session(python=PYTHON)
 def pgbouncer(session: nox.Session) -> None:
-    """tests/test_pgbouncer.py through PgBouncer in *transaction* pooling.
+    """tests/process/test_pgbouncer.py through PgBouncer in *transaction* pooling.
 
     PgBouncer comes from Debian's package (installed when missing); behind it runs a
     throwaway PostgreSQL (Debian's server binaries, initdb'd as ``postgres`` into a
@@ -428,7 +432,7 @@ def pgbouncer(session: nox.Session) -> None:
     with _throwaway_server(bin_dir, bin_dir.parts[-2]) as server, _pgbouncer(binary, server) as url:
         session.log(f"PgBouncer at {url} (transaction pooling) in front of PostgreSQL {bin_dir}")
         session.run(
-            "pytest", "-p", "no:cacheprovider", "tests/test_pgbouncer.py", *session.posargs,
+            "pytest", "-p", "no:cacheprovider", "tests/process/test_pgbouncer.py", *session.posargs,
             env={
                 "SQLAQ_TEST_DATABASE_URL": server,
                 "SQLAQ_PGBOUNCER_URL": url,

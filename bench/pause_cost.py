@@ -1,4 +1,4 @@
-"""What pause and the worker heartbeat cost per claim (issue 13, scenario 9's question).
+"""What pause and the worker heartbeat cost per claim.
 
     python bench/pause_cost.py [--samples 2000] [--paused 0]
 

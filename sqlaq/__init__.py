@@ -38,14 +38,15 @@ if TYPE_CHECKING:
     from sqlaq import migrations, queries
     from sqlaq.config import WorkerConfig
     from sqlaq.context import JobContext, current_job
-    from sqlaq.control import PausedQueue, WorkerInfo, list_workers, pause, paused_queues, resume
     from sqlaq.models import Job
     from sqlaq.ops import (
         ClaimedJob,
         EnqueueOutcome,
         EnqueueResult,
         LimitedClaim,
+        PausedQueue,
         PruneResult,
+        WorkerInfo,
         cancel,
         claim,
         claim_limited,
@@ -56,7 +57,11 @@ if TYPE_CHECKING:
         extend_lease,
         fail,
         handback,
+        list_workers,
+        pause,
+        paused_queues,
         prune,
+        resume,
         retry,
         snooze,
         sweep,
@@ -68,15 +73,11 @@ if TYPE_CHECKING:
     from sqlaq.worker import JobResult, Worker
 
 # The public names imported on first use, and the module of each (the TYPE_CHECKING
-# block above names them for type checkers; tests/test_public_api.py checks both agree).
+# block above names them for type checkers; tests/unit/test_public_api.py checks both agree).
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("migrations", "queries"), ""),
     "WorkerConfig": "sqlaq.config",
     **dict.fromkeys(("JobContext", "current_job"), "sqlaq.context"),
-    **dict.fromkeys(
-        ("PausedQueue", "WorkerInfo", "list_workers", "pause", "paused_queues", "resume"),
-        "sqlaq.control",
-    ),
     "Job": "sqlaq.models",
     **dict.fromkeys(
         (
@@ -84,7 +85,9 @@ _LAZY: dict[str, str] = {
             "EnqueueOutcome",
             "EnqueueResult",
             "LimitedClaim",
+            "PausedQueue",
             "PruneResult",
+            "WorkerInfo",
             "cancel",
             "claim",
             "claim_limited",
@@ -95,7 +98,11 @@ _LAZY: dict[str, str] = {
             "extend_lease",
             "fail",
             "handback",
+            "list_workers",
+            "pause",
+            "paused_queues",
             "prune",
+            "resume",
             "retry",
             "snooze",
             "sweep",

@@ -19,33 +19,60 @@ plan, in :mod:`sqlaq.ops` (or :mod:`sqlaq.periodic`), and :func:`asynchronous` m
 each function here from the plan of its sync original (see :mod:`sqlaq.drive`); what is
 here is the async driver, which only runs a plan's steps: ``await conn.execute(...)``,
 a savepoint, an autocommit check, a COPY through the driver's own connection
-(psycopg's ``copy``, asyncpg's ``copy_records_to_table``). The read-only test helpers
-:func:`enqueued_jobs` and :func:`assert_enqueued` run their sync originals through
-``run_sync``.
+(psycopg's ``copy``, asyncpg's ``copy_records_to_table``). The twins of
+:mod:`sqlaq.testing`'s helpers (:func:`travel`, :func:`enqueued_jobs`,
+:func:`assert_enqueued`) are made on first use, so importing this module imports
+neither the test helpers nor the worker; nor does it import SQLAlchemy's asyncio (and
+with it the ORM) itself: the caller's objects are told apart by
+:func:`sqlaq.drive.kind_of`.
+
+Given a sync Connection, Session or Engine, each function here raises
+:class:`~sqlaq.errors.ConfigError` naming the sync function to use; on a database
+without sqlaq's schema, :class:`~sqlaq.errors.SchemaOutOfDateError` naming the fix.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+import sys
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeGuard, TypeVar
 
 import psycopg
-from sqlalchemy import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-from sqlalchemy.orm import Session, scoped_session
 
-from sqlaq import ops, periodic, queries, results, testing
-from sqlaq.drive import AUTOCOMMIT, Copy, Executor, Plan, Savepoint, plan_of, public_name, with_conn
+from sqlaq import ops, periodic, queries, results
+from sqlaq.drive import (
+    ASYNC_ENGINE,
+    AUTOCOMMIT,
+    Copy,
+    Executor,
+    Plan,
+    Savepoint,
+    kind_of,
+    plan_of,
+    public_name,
+    schema_error,
+    with_conn,
+    wrong_kind,
+)
 from sqlaq.dsn import connection_params
 from sqlaq.errors import ConfigError
+from sqlaq.explain import explain as _sync_explain
 from sqlaq.results import JobOutcome
 from sqlaq.schema import FINISH_CHANNEL
 from sqlaq.transient import describe
+
+if TYPE_CHECKING:
+    # Not at run time: SQLAlchemy's asyncio imports the ORM, and an object of theirs
+    # exists only once the caller has imported them (sqlaq.drive.kind_of looks them up).
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+
+    from sqlaq import testing
 
 __all__ = [
     "AsyncExecutor",
@@ -56,19 +83,27 @@ __all__ = [
     "claim",
     "claim_limited",
     "complete",
+    "complete_with_result",
     "enqueue",
     "enqueue_copy",
     "enqueue_many",
     "enqueue_periodic",
     "enqueued_jobs",
+    "explain",
     "extend_lease",
     "fail",
     "handback",
+    "list_workers",
     "notify_queues",
+    "pause",
+    "paused_queues",
     "prune",
+    "result",
+    "resume",
     "retry",
     "snooze",
     "sweep",
+    "travel",
     "wait",
 ]
 
@@ -76,8 +111,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: What an async operation runs on: an AsyncConnection or an AsyncSession.
-AsyncExecutor: TypeAlias = AsyncConnection | AsyncSession
-_ASYNC_TYPES = frozenset({AsyncConnection, AsyncSession})
+AsyncExecutor: TypeAlias = "AsyncConnection | AsyncSession"
+# The types the async driver takes without a second look (each joins on first use).
+_ASYNC_TYPES: set[type] = set()
 
 
 def asynchronous(
@@ -116,6 +152,11 @@ async def _run(conn: AsyncExecutor, plan: Plan[R]) -> R:
     except StopIteration as done:
         value: R = done.value
         return value
+    except Exception as exc:
+        error = schema_error(exc)
+        if error is None:
+            raise
+        raise error from exc
 
 
 async def _special(conn: AsyncExecutor, step: Any) -> Any:
@@ -135,14 +176,14 @@ async def _special(conn: AsyncExecutor, step: Any) -> Any:
 
 
 async def _autocommit(conn: AsyncExecutor) -> bool:
-    if not isinstance(conn, AsyncConnection):
+    if not _is_connection(conn):
         return False  # an AsyncSession (or a scoped one): its transaction is a real one
     raw = await conn.get_raw_connection()
     return bool(getattr(raw.dbapi_connection, "autocommit", False))
 
 
 async def _copy(conn: AsyncExecutor, step: Copy) -> int:
-    connection = conn if isinstance(conn, AsyncConnection) else await conn.connection()
+    connection = conn if _is_connection(conn) else await conn.connection()
     if not connection.in_transaction():
         await connection.begin()  # what executing a statement would do: the caller commits
     raw = await connection.get_raw_connection()
@@ -164,23 +205,21 @@ async def _copy(conn: AsyncExecutor, step: Copy) -> int:
     )
 
 
+def _is_connection(conn: object) -> TypeGuard[AsyncConnection]:
+    """Whether *conn* is an AsyncConnection (not a session)."""
+    aio = sys.modules.get("sqlalchemy.ext.asyncio")  # imported if conn is one of its
+    return aio is not None and isinstance(conn, aio.AsyncConnection)
+
+
 def _check_async(conn: object, name: str, module: str) -> None:
-    """Refuse, before any SQL, what an async operation cannot run on."""
-    if isinstance(conn, AsyncConnection | AsyncSession):
-        return  # a subclass
-    kind = type(conn).__name__
-    if isinstance(conn, Connection | Session | scoped_session):
-        raise ConfigError(
-            f"sqlaq.asyncio.{name} takes an AsyncConnection or AsyncSession, not a {kind}: "
-            f"use '{public_name(name, module)}(...)', not awaited, on a {kind}"
-        )
-    if hasattr(conn, "execute") and not isinstance(conn, Engine):
-        return  # given a chance, like the sync driver does (an async_scoped_session)
-    raise ConfigError(
-        f"sqlaq.asyncio.{name} takes an AsyncConnection or AsyncSession (it runs in your "
-        f"transaction), not {kind}: e.g. 'async with async_engine.begin() as conn: "
-        f"await sqlaq.asyncio.{name}(conn, ...)'"
-    )
+    """Refuse, before any SQL, what an async operation cannot run on (see
+    :func:`sqlaq.drive.wrong_kind`)."""
+    error = wrong_kind(conn, name, module, awaited=True)
+    if error is not None:
+        raise error
+    aio = sys.modules.get("sqlalchemy.ext.asyncio")
+    if aio is not None and type(conn) in (aio.AsyncConnection, aio.AsyncSession):
+        _ASYNC_TYPES.add(type(conn))  # no second look next time
 
 
 # -- the operations: each the async twin of the sync one -----------------------------------
@@ -201,43 +240,41 @@ sweep = asynchronous(ops.sweep)
 prune = asynchronous(ops.prune)
 snooze = asynchronous(ops.snooze)
 handback = asynchronous(ops.handback)
+pause = asynchronous(ops.pause)
+resume = asynchronous(ops.resume)
+paused_queues = asynchronous(ops.paused_queues)
+list_workers = asynchronous(ops.list_workers)
 enqueue_periodic = asynchronous(periodic.enqueue_periodic)
+result = asynchronous(results.result)
+complete_with_result = asynchronous(results.complete_with_result)
+explain = asynchronous(_sync_explain)  # (sqlaq.explain, the module, is the function)
 
 
-# -- read-only test helpers: their sync originals, through run_sync -----------------------
+# -- the test helpers of sqlaq.testing: made on first use ---------------------------------
+
+#: The async twins made on first use, and the module of each one's original: importing
+#: it (sqlaq.testing imports the worker and the ORM) waits until a twin is asked for.
+_LAZY: dict[str, str] = dict.fromkeys(
+    ("assert_enqueued", "enqueued_jobs", "travel"), "sqlaq.testing"
+)
+
+if TYPE_CHECKING:
+    assert_enqueued = asynchronous(testing.assert_enqueued)
+    enqueued_jobs = asynchronous(testing.enqueued_jobs)
+    travel = asynchronous(testing.travel)
+else:
+
+    def __getattr__(name: str) -> Any:
+        """Make a twin of :data:`_LAZY` on first use (then it is an ordinary attribute)."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        twin = globals()[name] = asynchronous(getattr(importlib.import_module(module), name))
+        return twin
 
 
-async def enqueued_jobs(
-    conn: AsyncExecutor,
-    kind: str | None = None,
-    *,
-    payload: Mapping[str, Any] | None = None,
-    queue: str | None = None,
-) -> list[Row[Any]]:
-    """Awaitable :func:`sqlaq.testing.enqueued_jobs`: the queued jobs, oldest first."""
-    if type(conn) not in _ASYNC_TYPES:
-        _check_async(conn, "enqueued_jobs", "sqlaq.testing")
-    return await conn.run_sync(testing.enqueued_jobs, kind, payload=payload, queue=queue)
-
-
-async def assert_enqueued(
-    conn: AsyncExecutor,
-    kind: str,
-    *,
-    payload: Mapping[str, Any] | None = None,
-    queue: str | None = None,
-    count: int | None = None,
-) -> Row[Any]:
-    """Awaitable :func:`sqlaq.testing.assert_enqueued`: the first matching queued job.
-
-    Raises:
-        AssertionError: no such job, or not *count* of them.
-    """
-    if type(conn) not in _ASYNC_TYPES:
-        _check_async(conn, "assert_enqueued", "sqlaq.testing")
-    return await conn.run_sync(
-        testing.assert_enqueued, kind, payload=payload, queue=queue, count=count
-    )
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 # -- waiting for a job: sqlaq.results.waiting's steps, with async I/O -----------------------
@@ -274,8 +311,8 @@ async def wait(
         InvalidJobError: *timeout* or *poll_interval* is not a usable duration.
         ConfigError: *conn_or_engine* is not an async engine, connection or session.
     """
-    steps = results.waiting(job_id, timeout=timeout, poll_interval=poll_interval)
     engine = _async_engine_of(conn_or_engine)
+    steps = results.waiting(job_id, timeout=timeout, poll_interval=poll_interval)
     async with _FinishListener(engine) as listener:
         value: Any = None
         while True:
@@ -294,17 +331,19 @@ async def wait(
 
 
 def _async_engine_of(target: object) -> AsyncEngine:
-    if isinstance(target, AsyncSession):
-        bind = target.bind
-        target = bind.engine if isinstance(bind, AsyncConnection) else bind
-    if isinstance(target, AsyncConnection):
-        return target.engine
-    if isinstance(target, AsyncEngine):
-        return target
-    raise ConfigError(
-        f"sqlaq.asyncio.wait needs an AsyncEngine, or an AsyncConnection or AsyncSession "
-        f"bound to one, got {type(target).__name__}: use sqlaq.wait with a sync one"
-    )
+    error = wrong_kind(target, "wait", "sqlaq.results", awaited=True, engines=True)
+    if error is not None:
+        raise error
+    bind: Any = target if _is_connection(target) else getattr(target, "bind", target)
+    if _is_connection(bind):
+        bind = bind.engine
+    if kind_of(bind) != ASYNC_ENGINE:
+        raise ConfigError(
+            f"sqlaq.asyncio.wait() needs an AsyncEngine, or an AsyncConnection or "
+            f"AsyncSession bound to one, got {type(target).__name__}"
+        )
+    engine: AsyncEngine = bind
+    return engine
 
 
 class _FinishListener:

@@ -372,7 +372,7 @@ def tune_garbage_collector() -> None:
 
     A 10 ms async drain (``bench/drain_probe.py 60000 400 200 async``) spent 750-880 ms
     of its 5 s in the collector at the defaults, 12-23 ms tuned (bench/RESULTS.md,
-    "Stop 13").
+    "The wake-up's thread, the garbage collector, less Python per job").
     """
     gc.collect()
     gc.freeze()

@@ -28,12 +28,16 @@ yield:
   caller's transaction; the number of rows.
 
 A sync operation handed an async object (and an async one handed a sync object) raises
-:class:`~sqlaq.errors.ConfigError` naming the function to use, before any SQL.
+:class:`~sqlaq.errors.ConfigError` naming the function to use, before any SQL: both
+drivers tell the kinds apart here (:func:`kind_of`, :func:`wrong_kind`). A statement
+that finds no sqlaq table or column raises :class:`~sqlaq.errors.SchemaOutOfDateError`
+naming the fix, from both drivers (:func:`schema_error`).
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,10 +45,10 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeVa
 
 import psycopg
 import psycopg.sql
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from sqlaq.errors import ConfigError
+from sqlaq.errors import ConfigError, SchemaOutOfDateError
 
 if TYPE_CHECKING:
     # Not at run time: a process that never imports the ORM (a worker) has no Session
@@ -57,9 +61,12 @@ __all__ = [
     "Executor",
     "Plan",
     "Savepoint",
+    "kind_of",
     "operation",
     "plan_of",
     "run",
+    "schema_error",
+    "wrong_kind",
 ]
 
 P = ParamSpec("P")
@@ -164,7 +171,13 @@ def with_conn(plan: Callable[..., Any], annotation: str) -> inspect.Signature:
 
 
 def run(conn: Executor, plan: Plan[R]) -> R:
-    """Run *plan* on *conn*, step by step; return what it returns."""
+    """Run *plan* on *conn*, step by step; return what it returns.
+
+    Raises:
+        SchemaOutOfDateError: a statement found no sqlaq table or column (see
+            :func:`schema_error`); the caller's transaction is left as the database
+            left it (aborted).
+    """
     try:
         step = plan.send(None)
         while True:
@@ -176,6 +189,48 @@ def run(conn: Executor, plan: Plan[R]) -> R:
     except StopIteration as done:
         value: R = done.value
         return value
+    except Exception as exc:
+        error = schema_error(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+# The relation a "does not exist" message names, schema-qualified or not.
+_RELATION = re.compile(r'relation "(?:[^"]*\.)?([^".]+)"')
+# SQLSTATEs: undefined_table, undefined_column.
+_UNDEFINED_TABLE = "42P01"
+_UNDEFINED_COLUMN = "42703"
+
+
+def schema_error(exc: BaseException) -> SchemaOutOfDateError | None:
+    """The :class:`~sqlaq.errors.SchemaOutOfDateError` that *exc* means, or None.
+
+    A statement of sqlaq's that finds no ``sqlaq_`` table (undefined_table, SQLSTATE
+    42P01) or a missing column of one (undefined_column, 42703) means the database
+    lacks sqlaq's schema or is behind this sqlaq: the error names the fix. Any other
+    error (another table's, another SQLSTATE) is None: raised as it is. Both drivers
+    (psycopg, asyncpg), wrapped by SQLAlchemy or not (a COPY).
+    """
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    code = getattr(orig, "sqlstate", None)
+    if code not in (_UNDEFINED_TABLE, _UNDEFINED_COLUMN):
+        return None
+    message = str(getattr(orig, "__cause__", None) or orig).strip().splitlines()
+    first = message[0] if message else ""
+    named = _RELATION.search(first)
+    if code == _UNDEFINED_TABLE:
+        if named is None or not named.group(1).startswith("sqlaq_"):
+            return None
+    elif named is not None:  # 'column "x" of relation "t" does not exist'
+        if not named.group(1).startswith("sqlaq_"):
+            return None
+    elif "sqlaq_" not in first and "sqlaq_" not in str(getattr(exc, "statement", "") or ""):
+        return None
+    return SchemaOutOfDateError(
+        f"sqlaq's schema is missing or out of date in this database ({first}): run "
+        "'alembic upgrade heads' in your project, or 'sqlaq migrate' without Alembic"
+    )
 
 
 def _special(conn: Executor, step: Step) -> Any:
@@ -219,29 +274,103 @@ def _copy(conn: Executor, step: Copy) -> int:
     return len(step.rows)
 
 
+#: The kinds of object :func:`kind_of` tells apart.
+SYNC = "sync"
+ASYNC = "async"
+ENGINE = "Engine"
+ASYNC_ENGINE = "AsyncEngine"
+OTHER = "other"
+
+
+def kind_of(target: object) -> str:
+    """Which kind of object *target* is: a sync executor (:data:`SYNC`: a Connection,
+    Session or scoped_session), an async one (:data:`ASYNC`: an AsyncConnection,
+    AsyncSession or async_scoped_session), an :data:`ENGINE`, an :data:`ASYNC_ENGINE`,
+    or :data:`OTHER`.
+
+    The one place sqlaq tells them apart. The ORM and SQLAlchemy's asyncio are looked
+    up, never imported: an object of theirs exists only once they are.
+    """
+    if isinstance(target, Connection):
+        return SYNC
+    if isinstance(target, Engine):
+        return ENGINE
+    orm = sys.modules.get("sqlalchemy.orm")
+    if orm is not None and isinstance(target, orm.Session | orm.scoped_session):
+        return SYNC
+    aio = sys.modules.get("sqlalchemy.ext.asyncio")
+    if aio is not None:
+        if isinstance(target, aio.AsyncConnection | aio.AsyncSession | aio.async_scoped_session):
+            return ASYNC
+        if isinstance(target, aio.AsyncEngine):
+            return ASYNC_ENGINE
+    return OTHER
+
+
+def _an(kind: str) -> str:
+    return f"an {kind}" if kind[:1] in tuple("AEIOU") else f"a {kind}"
+
+
+def wrong_kind(
+    target: object, name: str, module: str, *, awaited: bool, engines: bool = False
+) -> ConfigError | None:
+    """The error for a function given what it cannot run on, before any SQL; None when
+    *target* will do.
+
+    *name* and *module* name the sync function (``sqlaq.<name>`` if exported, else
+    ``<module>.<name>``); its async twin is ``sqlaq.asyncio.<name>``. *awaited* tells
+    which of the two was called; *engines*, that it takes an engine of its kind too
+    (``wait``). Anything else with an ``execute`` is given a chance (a scoped session of
+    a kind sqlaq does not know). The message is one line naming the function to use,
+    e.g. ``sqlaq.pause() was given an AsyncConnection: use sqlaq.asyncio.pause
+    (awaited)``.
+    """
+    sync, twin = public_name(name, module), f"sqlaq.asyncio.{name}"
+    kind = kind_of(target)
+    if awaited:
+        called, other, how = twin, sync, "not awaited"
+        right, engine, wrong = ASYNC, ASYNC_ENGINE, (SYNC, ENGINE)
+        executors, theirs = "an AsyncConnection or AsyncSession", "a Connection or Session"
+        example = f"async with engine.begin() as conn: await {twin}(conn, ...)"
+    else:
+        called, other, how = sync, twin, "awaited"
+        right, engine, wrong = SYNC, ENGINE, (ASYNC, ASYNC_ENGINE)
+        executors, theirs = "a Connection or Session", "an AsyncConnection or AsyncSession"
+        example = f"with engine.begin() as conn: {sync}(conn, ...)"
+    if kind == right or (engines and kind == engine):
+        return None
+    given = f"{called}() was given {_an(type(target).__name__)}"
+    if kind in wrong:
+        on = f" on {theirs}" if kind == wrong[1] and not engines else ""
+        return ConfigError(f"{given}: use {other} ({how}){on}")
+    if kind == engine:
+        return ConfigError(f"{given}: it runs in your transaction, pass {executors} ('{example}')")
+    if hasattr(target, "execute"):
+        return None
+    if engines:
+        executors = f"{executors}, or its engine"
+    return ConfigError(f"{given}: pass {executors}")
+
+
 def check_sync(conn: object, name: str, module: str) -> None:
-    """Refuse, before any SQL, what a sync operation cannot run on: async objects and
-    engines. Anything else with an ``execute`` is given a chance (a scoped_session)."""
-    kind = type(conn).__name__
-    if type(conn).__module__.startswith("sqlalchemy.ext.asyncio"):
-        raise ConfigError(
-            f"{public_name(name, module)} takes a Connection or Session, not an {kind}: "
-            f"use 'await sqlaq.asyncio.{name}(...)'"
-        )
-    if kind == "Engine" or not hasattr(conn, "execute"):
-        raise ConfigError(
-            f"{public_name(name, module)} takes a Connection or Session (it runs in your "
-            f"transaction), not {kind}: e.g. 'with engine.begin() as conn: "
-            f"sqlaq.{name}(conn, ...)'"
-        )
+    """Refuse, before any SQL, what the sync function *name* cannot run on (see
+    :func:`wrong_kind`)."""
+    error = wrong_kind(conn, name, module, awaited=False)
+    if error is not None:
+        raise error
     orm = sys.modules.get("sqlalchemy.orm")
     if orm is not None and type(conn) is orm.Session:
         _SYNC_TYPES.add(orm.Session)  # no second look next time
 
 
 def public_name(name: str, module: str) -> str:
-    """Where a sync operation is best imported from: ``sqlaq.<name>`` if exported."""
-    # The package, already imported (it is this module's parent); looked up, not imported,
-    # so that this low layer does not depend on the package's top.
-    package = sys.modules.get("sqlaq")
-    return f"sqlaq.{name}" if hasattr(package, name) else f"{module}.{name}"
+    """Where a sync function is best imported from: ``sqlaq.<name>`` if exported, else
+    the shortest package of *module* that exports it (``sqlaq.ops.notify_queues``)."""
+    # Looked up, not imported (a package is imported before its modules), so that this
+    # low layer does not depend on the package's top.
+    parts = module.split(".")
+    for end in range(1, len(parts) + 1):
+        package = ".".join(parts[:end])
+        if hasattr(sys.modules.get(package), name):
+            return f"{package}.{name}"
+    return f"{module}.{name}"

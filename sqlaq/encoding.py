@@ -468,7 +468,8 @@ class NewJob:
 
     Args:
         kind: Which handler runs it (1 to 255 characters).
-        payload: The handler's argument: a JSON object. Put ids in it, not data.
+        payload: The handler's argument: a JSON object (None or left out: ``{}``, as
+            :func:`sqlaq.enqueue`). Put ids in it, not data.
         queue: Routing: a worker serves some queues.
         priority: Higher runs first among due jobs (-32768 to 32767).
         delay: Run no sooner than ``now() + delay`` (database clock).
@@ -498,12 +499,12 @@ class NewJob:
 
     # Written out, not generated: a frozen dataclass's __init__ sets each field through
     # object.__setattr__, a fifth of a NewJob's cost; the slots' own setters take half
-    # that. The same parameters as the generated one (tests/test_enqueue_fast.py checks
+    # that. The same parameters as the generated one (tests/db/test_enqueue_fast.py checks
     # them against the fields); payload's default is a new empty dict.
     def __init__(
         self,
         kind: str,
-        payload: Mapping[str, Any] = _NO_PAYLOAD,
+        payload: Mapping[str, Any] | None = _NO_PAYLOAD,
         queue: str = DEFAULT_QUEUE,
         priority: int = 0,
         delay: timedelta = _NO_DELAY,
@@ -514,7 +515,7 @@ class NewJob:
     ) -> None:
         kind_, payload_, queue_, priority_, delay_, attempts_, key_, at_, timeout_ = _SETTERS
         kind_(self, kind)
-        payload_(self, {} if payload is _NO_PAYLOAD else payload)
+        payload_(self, {} if payload is _NO_PAYLOAD or payload is None else payload)
         queue_(self, queue)
         priority_(self, priority)
         delay_(self, delay)
@@ -576,7 +577,7 @@ def slot_setters(
 
 
 #: NewJob.__init__'s setters of its fields, in its parameters' order (the fields'
-#: order: tests/test_enqueue_fast.py checks that the parameters follow it).
+#: order: tests/db/test_enqueue_fast.py checks that the parameters follow it).
 _SETTERS = slot_setters(NewJob, init_only=True)
 
 

@@ -26,26 +26,19 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from sqlalchemy import Connection
-
 from sqlaq import queries
+from sqlaq.drive import Plan, operation
 from sqlaq.errors import ConfigError
 from sqlaq.results import JobNotFoundError
 from sqlaq.schema import JobStatus
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
     from sqlaq.registry import Registry
 
 __all__ = ["DEFAULT_STALE_AFTER", "Reason", "ReasonCode", "explain"]
-
-#: What the operations of this module run on.
-# A string: sqlalchemy.orm is imported for type checkers only (a worker does without it).
-Executor: TypeAlias = "Connection | Session"
 
 #: A worker whose heartbeat is older than this is not counted as serving its queues
 #: (workers write theirs once per maintenance interval, 60 s by default).
@@ -87,17 +80,16 @@ class Reason:
         return f"{self.code}: {self.message}"
 
 
+@operation
 def explain(
-    conn: Executor,
     job_id: int,
     *,
     registry: Registry | None = None,
     stale_after: timedelta = DEFAULT_STALE_AFTER,
-) -> list[Reason]:
+) -> Plan[list[Reason]]:
     """Every reason job *job_id* is not running now, most decisive first.
 
     Args:
-        conn: The caller's Connection or Session (read only).
         job_id: The job.
         registry: The application's registry: its limits (concurrency, rate) and
             handlers are checked too. Without it, limits are not (they live in the
@@ -118,25 +110,25 @@ def explain(
         raise ConfigError(f"job_id must be a positive int, got {job_id!r}")
     if not isinstance(stale_after, timedelta) or stale_after <= timedelta(0):
         raise ConfigError(f"stale_after must be a positive timedelta, got {stale_after!r}")
-    job = conn.execute(queries.get_job_stmt(job_id=job_id)).first()
+    job = (yield queries.get_job_stmt(job_id=job_id), None).first()
     if job is None:
         raise JobNotFoundError(job_id)
-    now: datetime = conn.execute(queries.clock_stmt()).scalar_one()
+    now: datetime = (yield queries.clock_stmt(), None).scalar_one()
     status = JobStatus(job.status)
     if status not in (JobStatus.QUEUED, JobStatus.RUNNING):
-        return _finished(conn, job, status, now)
+        return (yield from _finished(job, status, now))
     if status is JobStatus.RUNNING:
-        return [_running(conn, job, now)]
-    reasons = _held(conn, job, now, registry)
-    worker = _no_worker(conn, job.queue, stale_after)
+        return [(yield from _running(job, now))]
+    reasons = yield from _held(job, now, registry)
+    worker = yield from _no_worker(job.queue, stale_after)
     if worker is not None:
         reasons.append(worker)
     if not reasons or all(r.code is ReasonCode.NO_WORKER for r in reasons):
-        reasons.insert(0, _waiting(conn, job, now))
+        reasons.insert(0, (yield from _waiting(job, now)))
     return reasons
 
 
-def _finished(conn: Executor, job: Any, status: JobStatus, now: datetime) -> list[Reason]:
+def _finished(job: Any, status: JobStatus, now: datetime) -> Plan[list[Reason]]:
     when = _when(job.finished_at, now)
     if status is JobStatus.DONE:
         message = f"done {when}"
@@ -149,7 +141,7 @@ def _finished(conn: Executor, job: Any, status: JobStatus, now: datetime) -> lis
     reasons = [Reason(ReasonCode.FINISHED, message)]
     if job.dedupe_key is not None and status is not JobStatus.DONE:
         stmt = queries.dedupe_twin_stmt(job_id=job.id, kind=job.kind, dedupe_key=job.dedupe_key)
-        twin = conn.execute(stmt).first()
+        twin = (yield stmt, None).first()
         if twin is not None:
             reasons.append(
                 Reason(
@@ -162,8 +154,8 @@ def _finished(conn: Executor, job: Any, status: JobStatus, now: datetime) -> lis
     return reasons
 
 
-def _running(conn: Executor, job: Any, now: datetime) -> Reason:
-    holder = _worker_name(conn, job.locked_by)
+def _running(job: Any, now: datetime) -> Plan[Reason]:
+    holder = yield from _worker_name(job.locked_by)
     if job.run_at > now:
         return Reason(
             ReasonCode.RUNNING,
@@ -178,7 +170,7 @@ def _running(conn: Executor, job: Any, now: datetime) -> Reason:
     )
 
 
-def _held(conn: Executor, job: Any, now: datetime, registry: Registry | None) -> list[Reason]:
+def _held(job: Any, now: datetime, registry: Registry | None) -> Plan[list[Reason]]:
     """What holds a queued job back: not due, paused queue, limits, no handler."""
     reasons: list[Reason] = []
     if job.run_at > now:
@@ -186,7 +178,7 @@ def _held(conn: Executor, job: Any, now: datetime, registry: Registry | None) ->
         if job.attempts and job.last_error:
             after = f" (attempt {job.attempts} failed: {_first_line(job.last_error)})"
         reasons.append(Reason(ReasonCode.NOT_DUE, f"not due until {_when(job.run_at, now)}{after}"))
-    paused = conn.execute(queries.paused_queues_stmt(queue=job.queue)).first()
+    paused = (yield queries.paused_queues_stmt(queue=job.queue), None).first()
     if paused is not None:
         by = f" by {paused.paused_by}" if paused.paused_by else ""
         reasons.append(
@@ -197,11 +189,11 @@ def _held(conn: Executor, job: Any, now: datetime, registry: Registry | None) ->
             )
         )
     if registry is not None:
-        reasons += _limits(conn, job, now, registry)
+        reasons += yield from _limits(job, now, registry)
     return reasons
 
 
-def _limits(conn: Executor, job: Any, now: datetime, registry: Registry) -> list[Reason]:
+def _limits(job: Any, now: datetime, registry: Registry) -> Plan[list[Reason]]:
     handler = registry.get(job.kind)
     if handler is None:
         known = ", ".join(map(repr, registry.kinds)) or "none"
@@ -215,7 +207,7 @@ def _limits(conn: Executor, job: Any, now: datetime, registry: Registry) -> list
     if handler.concurrency is None and handler.rate is None:
         return []
     stmt = queries.kind_limit_state_stmt(kind=job.kind, rate=handler.rate)
-    state = conn.execute(stmt).one()
+    state = (yield stmt, None).one()
     reasons: list[Reason] = []
     if handler.concurrency is not None and state.running >= handler.concurrency:
         reasons.append(
@@ -239,9 +231,9 @@ def _limits(conn: Executor, job: Any, now: datetime, registry: Registry) -> list
     return reasons
 
 
-def _no_worker(conn: Executor, queue: str, stale_after: timedelta) -> Reason | None:
+def _no_worker(queue: str, stale_after: timedelta) -> Plan[Reason | None]:
     stmt = queries.serving_workers_stmt(queue=queue, within=stale_after)
-    serving = conn.execute(stmt).one()
+    serving = (yield stmt, None).one()
     if serving.recent:
         return None
     minutes = stale_after.total_seconds() / 60
@@ -257,7 +249,7 @@ def _no_worker(conn: Executor, queue: str, stale_after: timedelta) -> Reason | N
     )
 
 
-def _waiting(conn: Executor, job: Any, now: datetime) -> Reason:
+def _waiting(job: Any, now: datetime) -> Plan[Reason]:
     stmt = queries.jobs_ahead_stmt(
         queue=job.queue,
         priority=job.priority,
@@ -265,7 +257,7 @@ def _waiting(conn: Executor, job: Any, now: datetime) -> Reason:
         job_id=job.id,
         limit=AHEAD_LIMIT,
     )
-    ahead = conn.execute(stmt).scalar_one()
+    ahead = (yield stmt, None).scalar_one()
     count = f"{ahead:,}" if ahead < AHEAD_LIMIT else f"{AHEAD_LIMIT:,} or more"
     return Reason(
         ReasonCode.WAITING,
@@ -274,10 +266,10 @@ def _waiting(conn: Executor, job: Any, now: datetime) -> Reason:
     )
 
 
-def _worker_name(conn: Executor, worker_id: UUID | None) -> str:
+def _worker_name(worker_id: UUID | None) -> Plan[str]:
     if worker_id is None:
         return "(unknown)"
-    row = conn.execute(queries.workers_stmt(worker_id=worker_id)).first()
+    row = (yield queries.workers_stmt(worker_id=worker_id), None).first()
     if row is None:
         return str(worker_id)
     return f"{worker_id} ({row.hostname}, pid {row.pid})"

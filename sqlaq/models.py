@@ -104,9 +104,10 @@ class Job(_Base):
         return check_name(key, value)
 
     @validates("payload")
-    def _validate_payload(self, key: str, value: dict[str, Any]) -> dict[str, Any]:
-        # The column's own JSON serializer runs at flush: hand it plain values.
-        return plain_payload(value)
+    def _validate_payload(self, key: str, value: dict[str, Any] | None) -> dict[str, Any]:
+        # The column's own JSON serializer runs at flush: hand it plain values. None is
+        # {} here as in sqlaq.enqueue and NewJob.
+        return plain_payload({} if value is None else value)
 
     @validates("priority")
     def _validate_priority(self, key: str, value: int) -> int:

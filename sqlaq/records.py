@@ -1,6 +1,7 @@
 """The small frozen values every floor passes around: what an enqueue did
 (:class:`EnqueueResult`), a claimed job (:class:`ClaimedJob`), a limited claim
-(:class:`LimitedClaim`), what a prune did (:class:`PruneResult`).
+(:class:`LimitedClaim`), what a prune did (:class:`PruneResult`), a paused queue
+(:class:`PausedQueue`) and a worker's heartbeat (:class:`WorkerInfo`).
 
 The ground floor: it imports nothing of sqlaq but :mod:`sqlaq.lease`, so the context,
 the outcome, the registry, tracing and the worker can name these types without
@@ -14,6 +15,7 @@ import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from sqlaq.lease import Lease
 
@@ -146,3 +148,44 @@ class PruneResult(int):
             f"PruneResult({int(self)}, skipped={self.skipped}, "
             f"referenced_by={self.referenced_by!r})"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PausedQueue:
+    """A paused queue.
+
+    Attributes:
+        queue: Its name.
+        paused_at: When it was paused (database clock).
+        paused_by: Who paused it, as :func:`~sqlaq.ops.pause` was told (``sqlaq pause`` records
+            ``user@host``); None when not told.
+    """
+
+    queue: str
+    paused_at: datetime
+    paused_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker, as its last heartbeat recorded it.
+
+    Attributes:
+        worker_id: Its id: the ``locked_by`` of the jobs it claims.
+        hostname: The host it runs on.
+        pid: Its process id there.
+        queues: The queues it serves.
+        concurrency: How many jobs it runs at once.
+        started_at: When it started (its first heartbeat).
+        last_seen_at: Its latest heartbeat (once per maintenance interval).
+        seen_ago: How long ago that was, on the database's clock.
+    """
+
+    worker_id: UUID
+    hostname: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    started_at: datetime
+    last_seen_at: datetime
+    seen_ago: timedelta

@@ -16,11 +16,12 @@ the job row, not one Python call. ``stop`` has no equivalent: the job row's
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, TypedDict, TypeVar, Unpack, cast
 
 import tenacity
 
@@ -33,7 +34,7 @@ from sqlaq.limits import Rate
 from sqlaq.periodic import Periodic
 from sqlaq.schema import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
-__all__ = ["Handler", "Registry", "RetryPolicy", "WaitPolicy"]
+__all__ = ["Handler", "HandlerOptions", "Registry", "RetryPolicy", "WaitPolicy"]
 
 #: A handler: called with the job's payload; a coroutine function is awaited.
 HandlerFunc = Callable[[dict[str, Any]], object]
@@ -54,6 +55,53 @@ F = TypeVar("F", bound=Callable[..., object])
 # retry_*/wait_* ones change it.
 _RETRYING = tenacity.Retrying()
 _DEFAULT_RETRY = tenacity.retry_if_not_exception_type(PermanentError)
+
+
+class HandlerOptions(TypedDict, total=False):
+    """The options of a kind, given to :meth:`Registry.handler` and :meth:`Registry.add`
+    as keywords (all optional). Each is checked when the handler is registered.
+
+    Attributes:
+        max_attempts: The default :meth:`Registry.enqueue` gives jobs of this kind.
+        lease: Keep this lease while a job of this kind runs, instead of the
+            worker's: longer for work that may stall between heartbeats.
+        retry: Which exceptions retry: a tenacity ``retry_*`` predicate, or an
+            exception class or tuple of them. Default: all but PermanentError,
+            which never retries whatever the predicate says.
+        wait: The delay before the next attempt: a :class:`~sqlaq.Backoff` or a
+            tenacity ``wait_*`` strategy. Default: :data:`~sqlaq.DEFAULT_BACKOFF`.
+        concurrency: At most this many jobs of the kind run at once across every
+            worker and process, enforced by the database at claim time. Other kinds
+            keep flowing while it is full.
+        rate: At most this many job starts per period across every worker:
+            ``"1/s"``, ``"100/m"``, ``"1000/h"``, ``"10/30s"`` or a
+            :class:`~sqlaq.Rate`. Jobs over the rate stay queued and keep their
+            attempts. See :mod:`sqlaq.limits` for how both are enforced.
+        transaction: Run the handler in the job's transaction: it gets a SQLAlchemy
+            ``Session`` (an ``AsyncSession`` for ``async def``) as its ``session``
+            parameter (and as ``current_job().session``), and after it returns the
+            worker completes the job in that same transaction, fenced by the lease,
+            then commits: its writes and the job's ``done`` commit together, or not
+            at all. Default: True when the function has a parameter named
+            ``session``.
+        timeout: How long one attempt may run. An ``async`` handler is cancelled
+            at the deadline; a sync one cannot be interrupted (Python has no way to
+            stop a thread), so at the deadline its attempt is recorded as timed out
+            (retried or failed per *retry* and *wait*, its ``last_error`` saying
+            "timed out after ..."), due again no sooner than its lease length, so
+            another worker takes it only once the lease it held has run out; its
+            slot stays taken until the thread returns, and whatever it returns
+            then is not written.
+    """
+
+    max_attempts: int
+    lease: timedelta | None
+    retry: RetryPolicy | None
+    wait: WaitPolicy | None
+    concurrency: int | None
+    rate: Rate | str | None
+    transaction: bool | None
+    timeout: timedelta | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,19 +183,7 @@ class Registry:
         self._handlers: dict[str, Handler] = {}
         self._periodic: dict[str, Periodic] = {}
 
-    def handler(
-        self,
-        kind: str,
-        *,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        lease: timedelta | None = None,
-        retry: RetryPolicy | None = None,
-        wait: WaitPolicy | None = None,
-        concurrency: int | None = None,
-        rate: Rate | str | None = None,
-        transaction: bool | None = None,
-        timeout: timedelta | None = None,
-    ) -> Callable[[F], F]:
+    def handler(self, kind: str, **options: Unpack[HandlerOptions]) -> Callable[[F], F]:
         """Register the decorated function as the handler of *kind*.
 
         The function is called with the job's payload (a dict) as its one argument; it
@@ -155,55 +191,19 @@ class Registry:
 
         Args:
             kind: The job kind, as enqueued.
-            max_attempts: The default :meth:`enqueue` gives jobs of this kind.
-            lease: Keep this lease while a job of this kind runs, instead of the
-                worker's: longer for work that may stall between heartbeats.
-            retry: Which exceptions retry: a tenacity ``retry_*`` predicate, or an
-                exception class or tuple of them. Default: all but PermanentError,
-                which never retries whatever the predicate says.
-            wait: The delay before the next attempt: a :class:`~sqlaq.Backoff` or a
-                tenacity ``wait_*`` strategy. Default: :data:`~sqlaq.DEFAULT_BACKOFF`.
-            concurrency: At most this many jobs of the kind run at once across every
-                worker and process, enforced by the database at claim time. Other kinds
-                keep flowing while it is full.
-            rate: At most this many job starts per period across every worker:
-                ``"1/s"``, ``"100/m"``, ``"1000/h"``, ``"10/30s"`` or a
-                :class:`~sqlaq.Rate`. Jobs over the rate stay queued and keep their
-                attempts. See :mod:`sqlaq.limits` for how both are enforced.
-            transaction: Run the handler in the job's transaction: it gets a SQLAlchemy
-                ``Session`` (an ``AsyncSession`` for ``async def``) as its ``session``
-                parameter (and as ``current_job().session``), and after it returns the
-                worker completes the job in that same transaction, fenced by the lease,
-                then commits: its writes and the job's ``done`` commit together, or not
-                at all. Default: True when the function has a parameter named
-                ``session``.
-            timeout: How long one attempt may run. An ``async`` handler is cancelled
-                at the deadline; a sync one cannot be interrupted (Python has no way to
-                stop a thread), so at the deadline its attempt is recorded as timed out
-                (retried or failed per *retry* and *wait*, its ``last_error`` saying
-                "timed out after ..."), due again no sooner than its lease length, so
-                another worker takes it only once the lease it held has run out; its
-                slot stays taken until the thread returns, and whatever it returns
-                then is not written.
+            **options: The kind's options, each described in :class:`HandlerOptions`:
+                ``max_attempts``, ``lease``, ``retry``, ``wait``, ``concurrency``,
+                ``rate``, ``transaction``, ``timeout``.
 
         Raises:
             ConfigError: the kind is not a usable name or is already registered, or an
-                option is unusable.
+                option is unknown or unusable.
         """
 
+        _check_option_names(kind, options)  # at the decorator's line, not at its call
+
         def register(func: F) -> F:
-            self.add(
-                kind,
-                func,
-                max_attempts=max_attempts,
-                lease=lease,
-                retry=retry,
-                wait=wait,
-                concurrency=concurrency,
-                rate=rate,
-                transaction=transaction,
-                timeout=timeout,
-            )
+            self.add(kind, func, **options)
             return func
 
         return register
@@ -314,22 +314,9 @@ class Registry:
         """The periodic jobs, by name."""
         return [self._periodic[name] for name in sorted(self._periodic)]
 
-    def add(
-        self,
-        kind: str,
-        func: HandlerFunc,
-        *,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        lease: timedelta | None = None,
-        retry: RetryPolicy | None = None,
-        wait: WaitPolicy | None = None,
-        concurrency: int | None = None,
-        rate: Rate | str | None = None,
-        transaction: bool | None = None,
-        timeout: timedelta | None = None,
-    ) -> Handler:
+    def add(self, kind: str, func: HandlerFunc, **options: Unpack[HandlerOptions]) -> Handler:
         """Register *func* as the handler of *kind*; the non-decorator form of
-        :meth:`handler`, with the same arguments.
+        :meth:`handler`, with the same options (:class:`HandlerOptions`).
 
         Returns:
             The registered :class:`Handler`.
@@ -342,20 +329,20 @@ class Registry:
             raise ConfigError(f"kind {kind!r} already has a handler: {self._handlers[kind].func!r}")
         if not callable(func):
             raise ConfigError(f"the handler of {kind!r} must be callable, got {func!r}")
+        _check_option_names(kind, options)
+        given: dict[str, Any] = dict(options)
+        resolved: dict[str, Any] = {
+            name: check(kind, given.get(name, default))
+            for name, (default, check) in _OPTIONS.items()
+        }
         takes_session = _takes_session(func)
+        resolved["transaction"] = _check_transaction(kind, given.get("transaction"), takes_session)
         entry = Handler(
             kind=kind,
             func=func,
             is_async=inspect.iscoroutinefunction(func),
-            max_attempts=_check_max_attempts(kind, max_attempts),
-            lease=_check_lease(kind, lease),
-            retry=_retry_predicate(kind, retry),
-            wait=_wait_policy(kind, wait),
-            concurrency=_check_concurrency(kind, concurrency),
-            rate=_check_rate(kind, rate),
-            transaction=_check_transaction(kind, transaction, takes_session),
             takes_session=takes_session,
-            timeout=_check_timeout(kind, timeout),
+            **resolved,
         )
         self._handlers[kind] = entry
         return entry
@@ -520,3 +507,32 @@ def _wait_policy(kind: str, value: WaitPolicy | None) -> WaitPolicy:
     raise ConfigError(
         f"wait of {kind!r} must be a sqlaq.Backoff or a tenacity wait_* strategy, got {value!r}"
     )
+
+
+def _check_option_names(kind: str, options: Mapping[str, object]) -> None:
+    for name in options:
+        if name not in _OPTIONS:
+            near = difflib.get_close_matches(name, _OPTIONS, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(
+                f"the handler of {kind!r} has no option {name!r}{hint}; "
+                f"its options: {', '.join(_OPTIONS)}"
+            )
+
+
+def _no_check(kind: str, value: object) -> object:
+    return value  # transaction: checked with the function (takes it a session?)
+
+
+#: Each option of :class:`HandlerOptions`: its default and its check (which also turns
+#: it into the :class:`Handler`'s field of the same name). The one list of the options.
+_OPTIONS: dict[str, tuple[object, Callable[[str, Any], object]]] = {
+    "max_attempts": (DEFAULT_MAX_ATTEMPTS, _check_max_attempts),
+    "lease": (None, _check_lease),
+    "retry": (None, _retry_predicate),
+    "wait": (None, _wait_policy),
+    "concurrency": (None, _check_concurrency),
+    "rate": (None, _check_rate),
+    "transaction": (None, _no_check),
+    "timeout": (None, _check_timeout),
+}

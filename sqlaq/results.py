@@ -41,7 +41,7 @@ from sqlalchemy import Connection, Engine
 
 from sqlaq import queries
 from sqlaq.bounds import MAX_DURATION
-from sqlaq.drive import Plan, run
+from sqlaq.drive import Plan, operation, run, wrong_kind
 from sqlaq.dsn import connection_params
 from sqlaq.encoding import check_duration, encode_value
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
@@ -162,14 +162,14 @@ def encode_result(value: object) -> str | None:
     return encode_value(value, "result")
 
 
+@operation
 def complete_with_result(
-    conn: Executor, lease: Lease, result_json: str, *, raise_on_lost: bool = True
-) -> bool:
+    lease: Lease, result_json: str, *, raise_on_lost: bool = True
+) -> Plan[bool]:
     """Mark the job held by *lease* done and store *result_json* as its result, inside
-    the caller's transaction.
+    the caller's transaction (not committed here).
 
     Args:
-        conn: The caller's Connection or Session (not committed here).
         lease: The claim's lease: nothing is written once it is lost.
         result_json: JSON text, as :func:`encode_result` returns it.
         raise_on_lost: Raise when the lease was lost, rather than return False.
@@ -188,14 +188,15 @@ def complete_with_result(
             f"{type(result_json).__name__}"
         )
     params = queries.complete_result_params(lease=lease, result_json=result_json)
-    if conn.execute(_COMPLETE_RESULT, params).first() is not None:
+    if (yield _COMPLETE_RESULT, params).first() is not None:
         return True
     if raise_on_lost:
         raise LeaseLostError([lease.job_id])
     return False
 
 
-def result(conn: Executor, job_id: int) -> JobOutcome:
+@operation
+def result(job_id: int) -> Plan[JobOutcome]:
     """Read job *job_id*'s status, result and error on the caller's connection.
 
     The job need not have finished: a pending job comes back with its status and no
@@ -206,7 +207,7 @@ def result(conn: Executor, job_id: int) -> JobOutcome:
         ConfigError: *job_id* is not a bigint.
     """
     _check_id(job_id)
-    row = conn.execute(_OUTCOME, {"b_id": job_id}).first()
+    row = (yield _OUTCOME, {"b_id": job_id}).first()
     if row is None:
         raise JobNotFoundError(job_id)
     return _outcome(row)
@@ -249,8 +250,8 @@ def wait(
         InvalidJobError: *timeout* or *poll_interval* is not a duration of at most 100
             years (zero is allowed for *timeout*: look once).
     """
-    steps = waiting(job_id, timeout=timeout, poll_interval=poll_interval)
     engine = _engine_of(conn_or_engine)
+    steps = waiting(job_id, timeout=timeout, poll_interval=poll_interval)
     with _FinishListener(engine) as listener:
         value: Any = None
         while True:
@@ -337,6 +338,9 @@ def _duration(name: str, value: object, *, allow_zero: bool) -> timedelta:
 
 
 def _engine_of(target: object) -> Engine:
+    error = wrong_kind(target, "wait", __name__, awaited=False, engines=True)
+    if error is not None:
+        raise error
     orm = sys.modules.get("sqlalchemy.orm")  # no Session exists unless it was imported
     if orm is not None and isinstance(target, orm.Session):
         target = target.get_bind()
@@ -345,7 +349,7 @@ def _engine_of(target: object) -> Engine:
     if isinstance(target, Engine):
         return target
     raise ConfigError(
-        f"wait needs an Engine, or a Connection or Session bound to one, got "
+        f"sqlaq.wait() needs an Engine, or a Connection or Session bound to one, got "
         f"{type(target).__name__}"
     )
 

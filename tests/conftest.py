@@ -11,6 +11,13 @@ Where the server comes from, in order:
 4. only if none of these and a Docker engine answers, a throwaway PostgreSQL started
    with testcontainers (not exercised on the project's CI machine, which has no Docker).
 
+The tests sit in folders by what they need: ``unit/`` no database, ``db/`` a database
+(a rolled-back connection or committed rows), ``worker/`` workers in this process,
+``process/`` commands, worker processes and servers, ``docs/`` the documentation's
+samples. Shared tools live here: ``helpers``, ``workerkit`` (workers, the ledger,
+waiting), ``cmdkit`` (the commands). ``nox -s tests`` runs them in parallel
+(pytest-xdist), each process with a database of its own.
+
 The suite never touches the database it connects to first: it creates
 ``sqlaq_test_<random>`` there, runs everything in it, and drops it at the end.
 """
@@ -35,6 +42,12 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_fixed
+
+# Hypothesis keeps its example database and caches outside the working tree (read when
+# it first needs them, after this module is imported).
+os.environ.setdefault(
+    "HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "sqlaq-hypothesis")
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

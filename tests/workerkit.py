@@ -13,15 +13,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from worker_app import LEDGER
+
+import sqlaq
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -190,3 +194,69 @@ def terminate(engine: Engine, pids: list[int]) -> None:
     with engine.connect() as conn:
         for pid in pids:
             conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+
+
+# -- in-process workers and jobs (shared by the worker tests) ------------------------
+
+FAST = ["--poll-interval", "0.2", "--log-level", "info"]
+
+
+def enqueue(
+    engine: Engine, kind: str, payload: dict[str, Any] | None = None, **options: Any
+) -> int:
+    with engine.begin() as conn:
+        return sqlaq.enqueue(conn, kind, payload, **options).job_id
+
+
+def enqueue_many(engine: Engine, kind: str, count: int, **options: Any) -> list[int]:
+    with engine.begin() as conn:
+        results = sqlaq.enqueue_many(conn, [sqlaq.NewJob(kind, **options) for _ in range(count)])
+    return [r.job_id for r in results]
+
+
+def job(engine: Engine, job_id: int) -> Any:
+    return rows(engine, "SELECT * FROM sqlaq_jobs WHERE id = :id", id=job_id)[0]
+
+
+@contextmanager
+def running(worker: sqlaq.Worker) -> Iterator[sqlaq.Worker]:
+    """Run *worker* in a thread; stop it (at once) and join it on exit."""
+    thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
+    thread.start()
+    try:
+        assert worker.started.wait(10)
+        yield worker
+    finally:
+        worker.stop(now=True)
+        thread.join(15)
+        assert not thread.is_alive()
+
+
+class Recorder:
+    """Collects what handlers saw and what the worker reported."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, int, str, dict[str, Any]]] = []
+        self.results: list[sqlaq.JobResult] = []
+        self.done = threading.Condition()
+
+    def saw(self, payload: dict[str, Any]) -> None:
+        job = sqlaq.current_job()
+        self.seen.append((job.kind, job.id, job.attempt, threading.current_thread().name, payload))
+
+    def finished(self, result: sqlaq.JobResult) -> None:
+        with self.done:
+            self.results.append(result)
+            self.done.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 15) -> list[sqlaq.JobResult]:
+        with self.done:
+            assert self.done.wait_for(lambda: len(self.results) >= count, timeout), self.results
+            return list(self.results)
+
+
+def fast_worker(
+    engine: Engine, registry: sqlaq.Registry, recorder: Recorder, **options: Any
+) -> sqlaq.Worker:
+    options.setdefault("poll_interval", timedelta(milliseconds=100))
+    return sqlaq.Worker(engine, registry, on_job_finished=recorder.finished, **options)

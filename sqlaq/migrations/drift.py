@@ -10,7 +10,7 @@ tables' storage settings (autovacuum). Each difference comes back as a
 The expected definitions below are PostgreSQL's own renderings (``pg_get_indexdef``,
 ``pg_get_constraintdef``, ``pg_get_triggerdef``, ``pg_get_functiondef``, with the
 schema's name and runs of whitespace taken out), written down here rather than read
-from a scratch database at each check: ``tests/test_check_deep.py`` compares them with
+from a scratch database at each check: ``tests/db/test_check_deep.py`` compares them with
 a freshly migrated head, so they cannot drift from the revisions. A revision that
 changes one of these objects changes this table in the same commit.
 

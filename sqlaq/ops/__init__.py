@@ -9,7 +9,8 @@ Every operation on a job, in lifecycle order, each written once as a plan (see
   :func:`snooze`, :func:`handback`;
 * :mod:`~sqlaq.ops.retention`: :func:`retry`, :func:`cancel`, :func:`cancelled_among`,
   :func:`sweep`, :func:`prune`;
-* :mod:`~sqlaq.ops.operators`: :func:`notify_queues`.
+* :mod:`~sqlaq.ops.operators`: :func:`pause`, :func:`resume`, :func:`paused_queues`,
+  :func:`list_workers`, :func:`notify_queues`.
 
 The values they return (:class:`ClaimedJob`, :class:`EnqueueResult`, ...) live in
 :mod:`sqlaq.records` and are importable here too.
@@ -37,10 +38,18 @@ from sqlaq.drive import Executor
 from sqlaq.ops._common import DEFAULT_LEASE, DEFAULT_PRUNE_BATCH
 from sqlaq.ops.claiming import claim, claim_limited
 from sqlaq.ops.enqueuing import enqueue, enqueue_copy, enqueue_many
-from sqlaq.ops.operators import notify_queues
+from sqlaq.ops.operators import list_workers, notify_queues, pause, paused_queues, resume
 from sqlaq.ops.retention import cancel, cancelled_among, prune, retry, sweep
 from sqlaq.ops.settling import MAX_ERROR_LENGTH, complete, extend_lease, fail, handback, snooze
-from sqlaq.records import ClaimedJob, EnqueueOutcome, EnqueueResult, LimitedClaim, PruneResult
+from sqlaq.records import (
+    ClaimedJob,
+    EnqueueOutcome,
+    EnqueueResult,
+    LimitedClaim,
+    PausedQueue,
+    PruneResult,
+    WorkerInfo,
+)
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -51,7 +60,9 @@ __all__ = [
     "EnqueueResult",
     "Executor",
     "LimitedClaim",
+    "PausedQueue",
     "PruneResult",
+    "WorkerInfo",
     "cancel",
     "cancelled_among",
     "claim",
@@ -63,8 +74,12 @@ __all__ = [
     "extend_lease",
     "fail",
     "handback",
+    "list_workers",
     "notify_queues",
+    "pause",
+    "paused_queues",
     "prune",
+    "resume",
     "retry",
     "snooze",
     "sweep",

@@ -167,7 +167,7 @@ def _rowcount(result: Any) -> int:
 def _delete_around_references(stmt: Any) -> Plan[int]:
     """Run a prune that spares referenced jobs, in a savepoint: a reference committed
     meanwhile fails only the savepoint (never the caller's transaction; see the
-    foreign-key tests in tests/test_prune_fk.py), and the batch is tried again."""
+    foreign-key tests in tests/process/test_prune_fk.py), and the batch is tried again."""
     attempt = 1
     while True:
         outcome = yield Savepoint(stmt)

@@ -4,6 +4,7 @@ back), each fenced: a lost lease changes nothing.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from sqlaq.drive import Plan, operation
 from sqlaq.encoding import (
     check_duration,
 )
+from sqlaq.errors import ConfigError
 from sqlaq.lease import Lease
 from sqlaq.ops._common import _NIL_LEASE, DEFAULT_LEASE, _as_leases, _check_lost
 from sqlaq.schema import (
@@ -38,23 +40,46 @@ _SNOOZE = queries.snooze_stmt(leases=[], delay=timedelta(0))
 def extend_lease(
     leases: Lease | Iterable[Lease],
     *,
-    lease: timedelta = DEFAULT_LEASE,
+    length: timedelta = DEFAULT_LEASE,
     raise_on_lost: bool = True,
+    lease: timedelta | None = None,
 ) -> Plan[list[Lease]]:
-    """Move the end of each still-held lease to ``now() + lease``, in one statement.
+    """Move the end of each still-held lease to ``now() + length``, in one statement.
+
+    Args:
+        leases: The leases to renew.
+        length: How long each renewed lease lasts from now (as
+            :meth:`JobContext.extend_lease`'s ``length``).
+        raise_on_lost: Raise when a lease was lost, rather than leave it out.
+        lease: Deprecated name of *length* (a :class:`DeprecationWarning`).
 
     Returns:
         The renewed leases (with their new ``expires_at``); a lost one is absent.
 
     Raises:
         LeaseLostError: a lease was lost and *raise_on_lost* is true.
-        InvalidJobError: *lease* is not a positive timedelta of at most 100 years.
+        InvalidJobError: *length* is not a positive timedelta of at most 100 years.
+        ConfigError: both *length* and its old name *lease* were given.
     """
-    check_duration("lease", lease, allow_zero=False)
-    held = _as_leases(leases)
+    if lease is not None:
+        # Checked now, when the operation is called (a plan's body runs later), so that
+        # the warning points at the caller's line, sync or awaited.
+        if length is not DEFAULT_LEASE:
+            raise ConfigError("extend_lease takes length= (lease= is its old name), not both")
+        warnings.warn(
+            "extend_lease(lease=) is deprecated: pass length= (the same duration)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        length = lease
+    check_duration("length", length, allow_zero=False)
+    return _extend(_as_leases(leases), length, raise_on_lost)
+
+
+def _extend(held: list[Lease], length: timedelta, raise_on_lost: bool) -> Plan[list[Lease]]:
     if not held:
         return []
-    params = queries.fence_params(held) | {"b_lease": lease}
+    params = queries.fence_params(held) | {"b_lease": length}
     extended = yield _EXTEND, params
     ends: dict[int, datetime] = dict(extended.all())
     _check_lost(held, ends, raise_on_lost)

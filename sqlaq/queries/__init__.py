@@ -44,7 +44,7 @@ Rules every builder keeps (each learnt the hard way):
 * Claims and retention pick their rows in a ``MATERIALIZED`` CTE with ``FOR UPDATE SKIP
   LOCKED`` joined to the UPDATE/DELETE: the ``id IN (SELECT ... LIMIT n)`` form can be
   re-run per row under a nested loop and touch far more than *n* rows.
-* Every compiled statement is pinned by ``tests/test_sql_snapshot.py``.
+* Every compiled statement is pinned by ``tests/unit/test_sql_snapshot.py``.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from sqlaq import ops, queries
 from sqlaq.context import JobContext, bind, unbind
+from sqlaq.drive import Plan, operation, plan_of
 from sqlaq.encoding import check_duration
 from sqlaq.errors import ConfigError
 from sqlaq.lease import Lease
@@ -191,7 +192,7 @@ def _run(
     handler = registry.get(job.kind)
 
     def renew(context: JobContext, length: timedelta) -> Lease:
-        (lease,) = ops.extend_lease(conn, context.lease, lease=length)
+        (lease,) = ops.extend_lease(conn, context.lease, length=length)
         return lease
 
     run = Run.of(job, handler, DRAIN_LEASE, renew)
@@ -255,7 +256,8 @@ async def _await(awaitable: Any, context: JobContext) -> Any:
         unbind(token)
 
 
-def travel(conn: ops.Executor, by: timedelta) -> None:
+@operation
+def travel(by: timedelta) -> Plan[None]:
     """Move the queue's clock forward by *by*, in the test's transaction, without waiting.
 
     PostgreSQL's ``now()`` is the queue's only clock and does not move within a
@@ -274,16 +276,16 @@ def travel(conn: ops.Executor, by: timedelta) -> None:
     """
     check_duration("by", by)
     for statement in queries.travel_stmts(by=by):
-        conn.execute(statement)
+        yield statement, None
 
 
+@operation
 def enqueued_jobs(
-    conn: ops.Executor,
     kind: str | None = None,
     *,
     payload: Mapping[str, Any] | None = None,
     queue: str | None = None,
-) -> list[Row[Any]]:
+) -> Plan[list[Row[Any]]]:
     """The queued jobs, oldest first, optionally of *kind*, on *queue*, and whose payload
     contains *payload* (JSON containment: those keys with those values).
 
@@ -292,21 +294,20 @@ def enqueued_jobs(
         ``row.payload``, ``row.run_at``, ...).
     """
     stmt = queries.enqueued_jobs_stmt(kind=kind, payload=payload, queue=queue)
-    return list(conn.execute(stmt).all())
+    return list((yield stmt, None).all())
 
 
+@operation
 def assert_enqueued(
-    conn: ops.Executor,
     kind: str,
     *,
     payload: Mapping[str, Any] | None = None,
     queue: str | None = None,
     count: int | None = None,
-) -> Row[Any]:
+) -> Plan[Row[Any]]:
     """Assert that a job of *kind* (with a payload containing *payload*) is queued.
 
     Args:
-        conn: The test's Connection or Session.
         kind: The job kind.
         payload: Keys and values the payload must contain (not its whole content).
         queue: The queue it must be on.
@@ -319,10 +320,10 @@ def assert_enqueued(
         AssertionError: no such job, or not *count* of them; the message lists what is
             queued instead.
     """
-    found = enqueued_jobs(conn, kind, payload=payload, queue=queue)
+    found = yield from plan_of(enqueued_jobs)(kind, payload=payload, queue=queue)
     if found and (count is None or len(found) == count):
         return found[0]
-    queued = [(j.kind, j.payload) for j in enqueued_jobs(conn)][:20]
+    queued = [(j.kind, j.payload) for j in (yield from plan_of(enqueued_jobs)())][:20]
     wanted = f"{count} " if count is not None else ""
     raise AssertionError(
         f"expected {wanted}queued job(s) of kind {kind!r}"

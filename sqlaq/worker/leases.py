@@ -168,7 +168,7 @@ class Leases:
             groups.setdefault(run.context.lease_length, []).append(run.context.lease)
         renewed: Renewed = {}
         for length, leases in groups.items():
-            for lease in ops.extend_lease(conn, leases, lease=length, raise_on_lost=False):
+            for lease in ops.extend_lease(conn, leases, length=length, raise_on_lost=False):
                 renewed[lease.token] = lease
         lost = [run for run in runs if run.token not in renewed]
         if lost:  # rare: find which were cancelled
@@ -204,7 +204,7 @@ class Leases:
             LeaseLostError: the lease is gone.
         """
         with self._engine.begin() as conn:
-            lease = ops.extend_lease(conn, context.lease, lease=length)[0]
+            lease = ops.extend_lease(conn, context.lease, length=length)[0]
         # A lease shorter than any so far needs renewing more often; from another
         # thread, but a race here only makes one renewal early.
         if length.total_seconds() / 3 < self.interval:

@@ -1,0 +1,525 @@
+"""sqlaq.asyncio: every operation awaited on an AsyncConnection and an AsyncSession, on
+both of SQLAlchemy's async PostgreSQL drivers (psycopg's async connection and asyncpg),
+against the real database.
+
+Each case runs in a transaction rolled back at its end, on an emptied queue; the cases
+about commit and notifications clean up through the ``committed`` fixture.
+"""
+
+from __future__ import annotations
+
+import uuid
+from asyncio import current_task
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from typing import Any
+
+import docsamples
+import psycopg
+import pytest
+import pytest_asyncio
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    ForeignKey,
+    Integer,
+    MetaData,
+    Table,
+    text,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_scoped_session,
+    async_sessionmaker,
+)
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
+from workerkit import libpq_url
+
+import sqlaq
+import sqlaq.asyncio as aq
+from sqlaq import ConfigError, JobStatus, LeaseLostError, NewJob, Rate
+from sqlaq.cron import CronSchedule
+from sqlaq.periodic import Periodic
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+
+LEASE = timedelta(seconds=30)
+AsyncExecutor = Any  # AsyncConnection | AsyncSession, as the fixture gives it
+
+
+@pytest_asyncio.fixture(params=["connection", "session"])
+async def aconn(
+    request: pytest.FixtureRequest, async_engine: AsyncEngine
+) -> AsyncIterator[AsyncExecutor]:
+    """An AsyncConnection or AsyncSession in a transaction rolled back after the test."""
+    if request.param == "connection":
+        async with async_engine.connect() as conn:
+            await conn.begin()
+            try:
+                yield conn
+            finally:
+                await conn.rollback()
+    else:
+        async with AsyncSession(async_engine) as session:
+            try:
+                yield session
+            finally:
+                await session.rollback()
+
+
+async def rows(conn: AsyncExecutor, sql: str, **params: Any) -> list[Any]:
+    return list((await conn.execute(text(sql), params)).all())
+
+
+async def scalar(conn: AsyncExecutor, sql: str, **params: Any) -> Any:
+    return (await conn.execute(text(sql), params)).scalar_one()
+
+
+async def claim_one(conn: AsyncExecutor, **options: Any) -> sqlaq.ClaimedJob:
+    (job,) = await aq.claim(conn, worker_id=uuid.uuid4(), lease=LEASE, **options)
+    return job
+
+
+async def expire(conn: AsyncExecutor, job_id: int) -> None:
+    sql = "UPDATE sqlaq_jobs SET run_at = now() - interval '1 second' WHERE id = :id"
+    await conn.execute(text(sql), {"id": job_id})
+
+
+# -- enqueue ---------------------------------------------------------------------------------
+
+
+async def test_enqueue_writes_the_job_and_dedupes_keeping_the_transaction(
+    aconn: AsyncExecutor,
+) -> None:
+    first = await aq.enqueue(aconn, "mail", {"to": 7}, queue="q", priority=3, dedupe_key="u7")
+    again = await aq.enqueue(aconn, "mail", {"to": 8}, queue="q", dedupe_key="u7")
+    assert again == sqlaq.EnqueueResult(first.job_id, duplicate=True)
+    assert await scalar(aconn, "SELECT 1") == 1  # the transaction is still usable
+    later = await aq.enqueue(aconn, "mail", delay=timedelta(minutes=5))
+    found = await rows(aconn, "SELECT id, kind, queue, payload, priority FROM sqlaq_jobs")
+    assert sorted(tuple(r) for r in found) == [
+        (first.job_id, "mail", "q", {"to": 7}, 3),
+        (later.job_id, "mail", "default", {}, 0),
+    ]
+    late = await scalar(
+        aconn, "SELECT run_at - now() FROM sqlaq_jobs WHERE id = :id", id=later.job_id
+    )
+    assert late == timedelta(minutes=5)
+
+
+async def test_enqueue_many_in_input_order_with_duplicates(aconn: AsyncExecutor) -> None:
+    held = (await aq.enqueue(aconn, "b", dedupe_key="held")).job_id
+    batch = [NewJob("b", {"i": 0}), NewJob("b", dedupe_key="held"), NewJob("b", dedupe_key="new")]
+    batch.append(NewJob("b", dedupe_key="new"))
+    results = await aq.enqueue_many(aconn, batch)
+    assert [r.duplicate for r in results] == [False, True, False, True]
+    assert results[1].job_id == held
+    assert results[3].job_id == results[2].job_id
+    assert await scalar(aconn, "SELECT count(*) FROM sqlaq_jobs") == 3
+
+
+async def test_enqueue_many_takes_a_job_batch(aconn: AsyncExecutor) -> None:
+    batch = NewJob("jb", queue="q").with_payloads([{"i": i} for i in range(4)])
+    results = await aq.enqueue_many(aconn, batch)
+    assert [r.inserted for r in results] == [True] * 4
+    rows = await scalar(
+        aconn,
+        "SELECT json_agg(json_build_array(queue, payload) ORDER BY id) FROM sqlaq_jobs"
+        " WHERE kind = 'jb'",
+    )
+    assert rows == [["q", {"i": i}] for i in range(4)]
+
+
+async def test_enqueue_copy_writes_inside_the_callers_transaction(
+    async_engine: AsyncEngine,
+) -> None:
+    async with async_engine.connect() as conn:
+        await conn.begin()
+        jobs = [NewJob("copied", {"i": i}, queue="bulk", priority=i) for i in range(5)]
+        assert await aq.enqueue_copy(conn, jobs) == 5
+        found = await rows(
+            conn, "SELECT kind, queue, payload, priority FROM sqlaq_jobs ORDER BY id"
+        )
+        assert [tuple(r) for r in found] == [("copied", "bulk", {"i": i}, i) for i in range(5)]
+        await conn.rollback()  # COPY was inside the transaction: nothing stays
+        assert await scalar(conn, "SELECT count(*) FROM sqlaq_jobs") == 0
+    async with AsyncSession(async_engine) as session:
+        assert await aq.enqueue_copy(session, [NewJob("copied")]) == 1
+        await session.commit()
+    async with async_engine.connect() as conn:
+        assert await scalar(conn, "SELECT count(*) FROM sqlaq_jobs") == 1
+
+
+async def test_bad_input_is_refused_before_any_sql(aconn: AsyncExecutor) -> None:
+    with pytest.raises(sqlaq.InvalidJobError, match="lone surrogate"):
+        await aq.enqueue(aconn, "k", {"x": "\ud800"})
+    with pytest.raises(sqlaq.InvalidJobError, match="has a dedupe_key"):
+        await aq.enqueue_copy(aconn, [NewJob("k", dedupe_key="d")])
+    assert await scalar(aconn, "SELECT count(*) FROM sqlaq_jobs") == 0
+
+
+# -- the lifecycle -----------------------------------------------------------------------------
+
+
+async def test_claim_complete_fail_extend_on_held_leases(aconn: AsyncExecutor) -> None:
+    ids = [(await aq.enqueue(aconn, "k", {"i": i}, priority=-i)).job_id for i in range(4)]
+    claimed = await aq.claim(aconn, worker_id=uuid.uuid4(), limit=4, lease=LEASE)
+    assert [j.id for j in claimed] == ids
+    extended = await aq.extend_lease(aconn, [j.lease for j in claimed], length=timedelta(hours=1))
+    assert [lease.job_id for lease in extended] == ids
+    assert await aq.complete(aconn, [claimed[0].lease, claimed[1].lease]) == ids[:2]
+    retry_in = timedelta(seconds=5)
+    assert await aq.fail(aconn, claimed[2].lease, "boom", retry_in=retry_in) == JobStatus.QUEUED
+    assert await aq.fail(aconn, claimed[3].lease, "final") == JobStatus.FAILED
+    statuses = dict(await rows(aconn, "SELECT id, status FROM sqlaq_jobs"))
+    assert [statuses[i] for i in ids] == ["done", "done", "queued", "failed"]
+
+
+async def test_extend_lease_still_takes_its_old_keyword_with_a_warning(
+    aconn: AsyncExecutor,
+) -> None:
+    await aq.enqueue(aconn, "k")
+    job = await claim_one(aconn)
+    with pytest.warns(DeprecationWarning, match="pass length=") as warned:
+        (renewed,) = await aq.extend_lease(aconn, job.lease, lease=timedelta(hours=2))
+    assert warned[0].filename == __file__  # it points at the caller's line
+    assert renewed.expires_at == await scalar(aconn, "SELECT now() + interval '2 hours'")
+
+
+async def test_a_narrowed_claim_takes_only_matching_jobs(aconn: AsyncExecutor) -> None:
+    await aq.enqueue(aconn, "k", {"region": "us"}, priority=5)
+    eu = (await aq.enqueue(aconn, "k", {"region": "eu"})).job_id
+    where = sqlaq.jobs.c.payload["region"].astext == "eu"
+    assert [j.id for j in await aq.claim(aconn, worker_id=uuid.uuid4(), where=where)] == [eu]
+
+
+async def test_fenced_operations_with_a_stale_lease_change_nothing(aconn: AsyncExecutor) -> None:
+    job_id = (await aq.enqueue(aconn, "k")).job_id
+    stale = await claim_one(aconn)
+    await expire(aconn, job_id)
+    fresh = await claim_one(aconn)
+    before = await rows(aconn, "SELECT status, attempts, lease_token, run_at FROM sqlaq_jobs")
+    for call in (
+        aq.complete(aconn, stale.lease),
+        aq.extend_lease(aconn, stale.lease),
+        aq.fail(aconn, stale.lease, "late", retry_in=timedelta(0)),
+        aq.snooze(aconn, stale.lease, timedelta(minutes=1)),
+        aq.handback(aconn, stale.lease),
+    ):
+        with pytest.raises(LeaseLostError) as lost:
+            await call
+        assert lost.value.job_ids == (job_id,)
+    assert await aq.complete(aconn, stale.lease, raise_on_lost=False) == []
+    assert await aq.fail(aconn, stale.lease, "late", raise_on_lost=False) is None
+    assert (
+        await rows(aconn, "SELECT status, attempts, lease_token, run_at FROM sqlaq_jobs") == before
+    )
+    assert await aq.complete(aconn, fresh.lease) == [job_id]
+
+
+async def test_snooze_handback_retry_cancel(aconn: AsyncExecutor) -> None:
+    ids = [(await aq.enqueue(aconn, "k", priority=-i)).job_id for i in range(3)]
+    claimed = await aq.claim(aconn, worker_id=uuid.uuid4(), limit=3, lease=LEASE)
+    assert await aq.snooze(aconn, claimed[0].lease, timedelta.max) == [ids[0]]
+    late = await scalar(aconn, "SELECT run_at - now() FROM sqlaq_jobs WHERE id = :id", id=ids[0])
+    assert late == timedelta(days=36525)  # for ever, brought down to 100 years
+    assert await aq.handback(aconn, [claimed[1].lease]) == [ids[1]]
+    assert sorted(await aq.cancel(aconn, [ids[1], ids[2]])) == [ids[1], ids[2]]
+    assert sorted(await aq.cancelled_among(aconn, ids)) == [ids[1], ids[2]]
+    assert await aq.retry(aconn, ids[1]) == [ids[1]]
+    statuses = dict(await rows(aconn, "SELECT id, status FROM sqlaq_jobs"))
+    assert [statuses[i] for i in ids] == ["queued", "queued", "cancelled"]
+
+
+async def test_claim_limited_within_its_limits(aconn: AsyncExecutor) -> None:
+    for _ in range(3):
+        await aq.enqueue(aconn, "api")
+    first = await aq.claim_limited(
+        aconn, worker_id=uuid.uuid4(), kind="api", limit=3, concurrency=2, rate=Rate.parse("5/s")
+    )
+    assert len(first.jobs) == 2
+    assert first.full
+    again = await aq.claim_limited(aconn, worker_id=uuid.uuid4(), kind="api", concurrency=2)
+    assert (again.jobs, again.full) == ([], True)
+
+
+async def test_claim_limited_refuses_autocommit(async_engine: AsyncEngine) -> None:
+    async with async_engine.connect() as conn:
+        auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        with pytest.raises(ConfigError, match="claim_limited needs a transaction"):
+            await aq.claim_limited(auto, worker_id=uuid.uuid4(), kind="api")
+
+
+async def test_sweep_and_prune(aconn: AsyncExecutor) -> None:
+    last = (await aq.enqueue(aconn, "k", max_attempts=1)).job_id
+    await claim_one(aconn)
+    await expire(aconn, last)
+    assert await aq.sweep(aconn) == 1
+    sql = "UPDATE sqlaq_jobs SET finished_at = now() - interval '8 days'"
+    await aconn.execute(text(sql))
+    pruned = await aq.prune(aconn, older_than=timedelta(days=7))
+    assert (int(pruned), pruned.skipped) == (1, 0)
+    assert await scalar(aconn, "SELECT count(*) FROM sqlaq_jobs") == 0
+
+
+async def test_enqueue_periodic_and_notify_queues(aconn: AsyncExecutor) -> None:
+    hourly = Periodic.build(CronSchedule.parse("@hourly"), kind="tick")
+    now = await scalar(aconn, "SELECT now()")
+    assert await aq.enqueue_periodic(aconn, [hourly], now=now) == []  # first sight
+    (job,) = await aq.enqueue_periodic(aconn, [hourly], now=now + timedelta(hours=1))
+    assert job.name == "tick"
+    assert await aq.notify_queues(aconn, ["default"]) is None
+
+
+async def test_pause_resume_and_the_operators_reads(aconn: AsyncExecutor) -> None:
+    await aq.enqueue(aconn, "k", queue="q")
+    assert await aq.pause(aconn, "q", by="ops@host") is True
+    assert await aq.pause(aconn, "q") is False  # already paused: the first pause is kept
+    (paused,) = await aq.paused_queues(aconn)
+    assert (paused.queue, paused.paused_by) == ("q", "ops@host")
+    assert isinstance(paused, sqlaq.PausedQueue)
+    assert await aq.claim(aconn, worker_id=uuid.uuid4(), queue="q") == []
+    assert await aq.resume(aconn, "q") is True
+    assert await aq.paused_queues(aconn) == []
+    assert len(await aq.claim(aconn, worker_id=uuid.uuid4(), queue="q")) == 1
+    worker_id = uuid.uuid4()
+    await aconn.execute(
+        text(
+            "INSERT INTO sqlaq_workers (worker_id, hostname, pid, queues, concurrency)"
+            " VALUES (:id, 'h', 7, '{q}', 2)"
+        ),
+        {"id": worker_id},
+    )
+    (worker,) = [w for w in await aq.list_workers(aconn) if w.worker_id == worker_id]
+    assert (worker.hostname, worker.pid, worker.queues, worker.concurrency) == ("h", 7, ("q",), 2)
+
+
+async def test_explain_result_and_complete_with_result(aconn: AsyncExecutor) -> None:
+    job_id = (await aq.enqueue(aconn, "k", queue="q", delay=timedelta(hours=1))).job_id
+    codes = [reason.code for reason in await aq.explain(aconn, job_id)]
+    assert codes[0] is sqlaq.ReasonCode.NOT_DUE
+    assert (await aq.result(aconn, job_id)).status is JobStatus.QUEUED
+    await aq.enqueue(aconn, "k", queue="now")
+    job = await claim_one(aconn, queue="now")
+    assert await aq.complete_with_result(aconn, job.lease, '{"n": 1}') is True
+    outcome = await aq.result(aconn, job.id)
+    assert (outcome.status, outcome.result) == (JobStatus.DONE, {"n": 1})
+    with pytest.raises(sqlaq.JobNotFoundError):
+        await aq.result(aconn, job_id + 1000)
+
+
+async def test_travel_moves_the_queues_clock(aconn: AsyncExecutor) -> None:
+    job_id = (await aq.enqueue(aconn, "k", delay=timedelta(hours=1))).job_id
+    assert await aq.claim(aconn, worker_id=uuid.uuid4()) == []
+    assert await aq.travel(aconn, timedelta(hours=1)) is None
+    assert [j.id for j in await aq.claim(aconn, worker_id=uuid.uuid4())] == [job_id]
+
+
+async def test_the_test_helpers(aconn: AsyncExecutor) -> None:
+    await aq.enqueue(aconn, "mail", {"to": "a", "x": 1}, queue="q")
+    (found,) = await aq.enqueued_jobs(aconn, "mail", payload={"to": "a"})
+    assert found.queue == "q"
+    row = await aq.assert_enqueued(aconn, "mail", payload={"x": 1}, count=1)
+    assert row.id == found.id
+    with pytest.raises(AssertionError, match="expected queued job"):
+        await aq.assert_enqueued(aconn, "other")
+
+
+# -- retention beside a host's foreign key: the savepoint, on both drivers ---------------------
+
+host = MetaData()
+invoices = Table(
+    "test_async_invoices",
+    host,
+    Column("id", Integer, primary_key=True),
+    Column("job_id", BigInteger, ForeignKey(sqlaq.jobs.c.id)),
+)
+
+
+@pytest.fixture
+def host_table(committed: Engine) -> Iterator[None]:
+    host.create_all(committed)
+    try:
+        yield
+    finally:
+        host.drop_all(committed)
+
+
+async def test_prune_spares_referenced_jobs(host_table: None, aconn: AsyncExecutor) -> None:
+    ids = [r.job_id for r in await aq.enqueue_many(aconn, [NewJob("k")] * 5)]
+    await aconn.execute(invoices.insert().values(id=1, job_id=ids[0]))
+    sql = "UPDATE sqlaq_jobs SET status = 'done', finished_at = now() - interval '8 days'"
+    await aconn.execute(text(sql))
+    result = await aq.prune(aconn, older_than=timedelta(days=7))
+    assert (int(result), result.skipped) == (4, 1)
+    assert result.referenced_by == ("public.test_async_invoices",)
+    assert [r[0] for r in await rows(aconn, "SELECT id FROM sqlaq_jobs")] == [ids[0]]
+
+
+async def test_a_violation_in_the_savepoint_leaves_the_transaction_usable(
+    host_table: None, aconn: AsyncExecutor
+) -> None:
+    await aconn.execute(
+        text(
+            "CREATE TABLE test_async_default (job_id bigint DEFAULT -1"
+            " REFERENCES sqlaq_jobs (id) ON DELETE SET DEFAULT)"  # gone with the rollback
+        )
+    )
+    job_id = (await aq.enqueue(aconn, "k")).job_id
+    await aconn.execute(invoices.insert().values(id=1, job_id=None))  # a blocking key exists
+    await aconn.execute(text("INSERT INTO test_async_default VALUES (:id)"), {"id": job_id})
+    sql = "UPDATE sqlaq_jobs SET status = 'done', finished_at = now() - interval '8 days'"
+    await aconn.execute(text(sql))
+    with pytest.raises(IntegrityError):
+        await aq.prune(aconn, older_than=timedelta(days=7))
+    assert await scalar(aconn, "SELECT count(*) FROM sqlaq_jobs") == 1
+
+
+# -- commit, rollback and notifications --------------------------------------------------------
+
+
+@pytest.fixture
+def listener(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+        conn.execute("LISTEN sqlaq_jobs")
+        yield conn
+
+
+def notified_until_marker(listener: psycopg.Connection[Any], engine: Engine) -> list[str]:
+    """What the listener got, up to a marker sent now from another connection: every
+    notification committed before the marker arrives before it."""
+    with engine.connect() as other:
+        other.execute(text("SELECT pg_notify('sqlaq_jobs', 'marker')"))
+        other.commit()
+    got: list[str] = []
+    for notice in listener.notifies(timeout=10):
+        got.append(notice.payload)
+        if notice.payload == "marker":
+            return got
+    raise AssertionError(f"the marker never came; got {got}")
+
+
+@pytest.mark.parametrize("executor", ["connection", "session"])
+async def test_rollback_leaves_no_job_and_no_notification(
+    async_engine: AsyncEngine,
+    committed: Engine,
+    listener: psycopg.Connection[Any],
+    executor: str,
+) -> None:
+    if executor == "connection":
+        async with async_engine.connect() as conn:
+            await aq.enqueue(conn, "k", queue="rolled")
+            await aq.enqueue_copy(conn, [NewJob("k", queue="rolled")])
+            await conn.rollback()
+    else:
+        async with AsyncSession(async_engine) as session:
+            await aq.enqueue(session, "k", queue="rolled")
+            await aq.enqueue_many(session, [NewJob("k", queue="rolled")])
+            await session.rollback()
+    assert notified_until_marker(listener, committed) == ["marker"]
+    with committed.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 0
+    async with AsyncSession(async_engine) as session:
+        await aq.enqueue(session, "k", queue="kept")
+        await session.commit()
+    assert notified_until_marker(listener, committed) == ["kept", "marker"]
+
+
+# -- the wrong kind of object ------------------------------------------------------------------
+
+
+async def test_a_sync_operation_refuses_async_objects_naming_the_twin(
+    async_engine: AsyncEngine,
+) -> None:
+    async with async_engine.connect() as conn, AsyncSession(async_engine) as session:
+        for given in (conn, session, async_engine):
+            with pytest.raises(ConfigError, match=r"use sqlaq\.asyncio\.enqueue \(awaited\)"):
+                sqlaq.enqueue(given, "k")  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"sqlaq\.asyncio\.notify_queues"):
+            sqlaq.ops.notify_queues(conn, ["q"])  # type: ignore[arg-type]
+        assert not conn.in_transaction()  # nothing ran
+
+
+async def test_an_async_operation_refuses_sync_objects_naming_the_original(
+    engine: Engine,
+) -> None:
+    with engine.connect() as conn, Session(engine) as session:
+        for given in (conn, session):
+            with pytest.raises(ConfigError, match=r"use sqlaq\.complete \(not awaited\)$"):
+                await aq.complete(given, [])  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"use sqlaq\.testing\.enqueued_jobs \(not"):
+            await aq.enqueued_jobs(conn)  # type: ignore[arg-type]
+        assert not conn.in_transaction()
+    with pytest.raises(
+        ConfigError, match=r"given an Engine: use sqlaq\.enqueue \(not awaited\) on a"
+    ):
+        await aq.enqueue(engine, "k")  # type: ignore[arg-type]
+
+
+async def test_sync_enqueue_copy_through_run_sync_names_the_async_twin(
+    async_engine: AsyncEngine,
+) -> None:
+    async with async_engine.connect() as conn:
+        with pytest.raises(ConfigError, match=r"use sqlaq\.asyncio\.enqueue_copy"):
+            await conn.run_sync(sqlaq.enqueue_copy, [NewJob("k")])
+        await conn.rollback()
+
+
+async def test_any_sync_operation_still_runs_through_run_sync(
+    aconn: AsyncExecutor,
+) -> None:
+    result = await aconn.run_sync(sqlaq.enqueue, "k", {"via": "run_sync"})
+    assert (await aq.enqueued_jobs(aconn))[0].id == result.job_id
+
+
+# -- the README's sample -------------------------------------------------------------------------
+
+
+def documented_block(contains: str) -> tuple[str, str]:
+    """The one python block of the documentation holding *contains*, and where it is."""
+    (block,) = docsamples.find_blocks("python", contains)
+    return block.code, block.path
+
+
+async def test_the_readme_sample_runs(async_engine: AsyncEngine) -> None:
+    namespace: dict[str, Any] = {}
+    code, path = documented_block("async def order_placed(")
+    exec(compile(code, path, "exec"), namespace)  # noqa: S102
+    await namespace["order_placed"](async_engine, 7)
+    await namespace["order_placed"](async_engine, 7)  # the dedupe key holds the second
+    async with async_engine.connect() as conn:
+        kinds = await rows(conn, "SELECT kind, payload->>'to' FROM sqlaq_jobs ORDER BY id")
+    assert [tuple(r) for r in kinds] == [
+        ("ship_order", None),
+        ("email", "buyer"),
+        ("email", "seller"),
+        ("email", "buyer"),
+        ("email", "seller"),
+    ]
+    assert len(await namespace["run_some"](async_engine)) == 5
+
+
+async def test_scoped_sessions_go_to_their_own_kind_of_operation(
+    async_engine: AsyncEngine, engine: Engine
+) -> None:
+    scoped = async_scoped_session(async_sessionmaker(async_engine), scopefunc=current_task)
+    try:
+        await aq.enqueue_copy(scoped, [NewJob("k")])
+        limited = await aq.claim_limited(scoped, worker_id=uuid.uuid4(), kind="k")
+        assert len(limited.jobs) == 1
+        await scoped.rollback()
+    finally:
+        await scoped.remove()
+    sync_scoped = scoped_session(sessionmaker(engine))
+    try:
+        assert not sqlaq.enqueue(sync_scoped, "k").duplicate
+        with pytest.raises(ConfigError, match=r"use sqlaq\.enqueue \(not awaited\)$"):
+            await aq.enqueue(sync_scoped, "k")  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"use sqlaq\.asyncio\.enqueue \(awaited\)$"):
+            sqlaq.enqueue(scoped, "k")  # type: ignore[arg-type]
+        sync_scoped.rollback()
+    finally:
+        sync_scoped.remove()
