@@ -1,6 +1,6 @@
 """The reference, generated from the package itself: what docs/hooks.py writes.
 
-Plain functions, no MkDocs (``tests/test_docs.py`` and ``tests/test_cli.py`` use them
+Plain functions, no MkDocs (``tests/process/test_cli.py`` uses them
 too). Nothing here is kept by hand:
 
 * **One page per public module** (``reference/api/...``): every module of the package

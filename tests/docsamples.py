@@ -1,6 +1,6 @@
 """The code samples of the documentation: README.md and every page under docs/.
 
-Shared by tests/test_docs.py (which runs them all) and the tests that run one sample
+Shared by tests/docs/test_docs.py (which runs them all) and the tests that run one sample
 their own way (``find_blocks``), so a sample is found wherever a page moves it.
 
 What counts as a block: a fenced code block (three or more backticks) at any

@@ -1041,8 +1041,8 @@ def test_docs_test_markers_are_attached_and_every_prelude_is_used() -> None:
 def test_a_skip_reason_must_name_an_existing_test() -> None:
     assert run_instead_by("needs PgBouncer") is not None
     assert run_instead_by("tests/test_nothing_here.py::test_x runs it") is not None
-    assert run_instead_by("tests/test_docs.py::test_no_such_test runs it") is not None
-    assert run_instead_by("tests/test_docs.py::test_sample runs it") is None
+    assert run_instead_by("tests/docs/test_docs.py::test_no_such_test runs it") is not None
+    assert run_instead_by("tests/docs/test_docs.py::test_sample runs it") is None
 
 
 def test_blocks_are_found_in_admonitions_tabs_and_snippets() -> None:
