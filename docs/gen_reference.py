@@ -143,13 +143,14 @@ def cli_markdown() -> str:
             "Generated at build time from the commands' own `--help`: what you read here "
             "is what they print. The worker's options are also listed, with their "
             "environment variables, in [Configuration](configuration.md).\n",
-            "## `sqlaq-worker`\n",
+            # Anchors of their own: "#sqlaq" is the package's reference.
+            "## `sqlaq-worker` { #command-sqlaq-worker }\n",
             _help_block(worker),
-            "## `sqlaq`\n",
+            "## `sqlaq` { #command-sqlaq }\n",
             _help_block(operator),
         ]
         for name, parser in _subcommands(operator).items():
-            out += [f"### `sqlaq {name}`\n", _help_block(parser)]
+            out += [f"### `sqlaq {name}` {{ #command-sqlaq-{name} }}\n", _help_block(parser)]
     return "\n".join(out)
 
 

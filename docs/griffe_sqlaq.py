@@ -13,12 +13,17 @@ imported package here:
   documented as that function.
 * **``#:`` comments**: a constant documented by ``#:`` lines just above it (Sphinx's
   convention, used throughout sqlaq) gets them as its docstring.
+
+And the docstrings' Sphinx roles (``:func:`~sqlaq.enqueue```, ``:class:`Worker```...)
+become links to the reference page of their target (autorefs), found from the scope
+of the docstring like Sphinx does; a target outside sqlaq is shown as code.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from typing import Any
 
 import griffe
@@ -83,11 +88,65 @@ def _comment_docstring(attribute: griffe.Attribute) -> str | None:
     return "\n".join(found) or None
 
 
+_ROLE = re.compile(
+    r":(?:py:)?(?:func|class|meth|attr|data|mod|exc|obj|const|type):"
+    r"`(?:(?P<title>[^`<]+?)\s*<(?P<linked>~?[\w.]+)>|(?P<target>~?[\w.]+?))(?:\(\))?`"
+)
+
+
+def _exists(pkg: griffe.Module, path: str) -> bool:
+    if path == pkg.path:
+        return True
+    if not path.startswith(pkg.path + "."):
+        return False
+    try:
+        pkg[path[len(pkg.path) + 1 :]]
+    except (KeyError, ValueError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+        return False
+    return True
+
+
+def _identifier(pkg: griffe.Module, obj: griffe.Object, target: str) -> str | None:
+    """The full path *target* names, seen from *obj*'s scope; None outside the package."""
+    scope: griffe.Object | None = obj
+    while scope is not None:
+        if _exists(pkg, f"{scope.path}.{target}"):
+            return f"{scope.path}.{target}"
+        scope = scope.parent
+    for candidate in (target, f"{pkg.path}.{target}"):
+        if _exists(pkg, candidate):
+            return candidate
+    return None
+
+
+def _link_roles(pkg: griffe.Module, obj: griffe.Object, text: str) -> str:
+    def link(match: re.Match[str]) -> str:
+        target = match["linked"] or match["target"]
+        short = target.startswith("~")
+        target = target.lstrip("~")
+        shown = match["title"] or (target.rsplit(".", 1)[-1] if short else target)
+        identifier = _identifier(pkg, obj, target)
+        if identifier is None:
+            return f"`{shown}`"
+        # optional: a target that has no page of its own is shown as text, not an error.
+        return f'<autoref identifier="{identifier}" optional><code>{shown}</code></autoref>'
+
+    return _ROLE.sub(link, text)
+
+
 class SqlaqRuntime(griffe.Extension):
     """See the module's docstring."""
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
         self._visit(pkg)
+        self._link(pkg, pkg)
+
+    def _link(self, pkg: griffe.Module, obj: griffe.Object) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = _link_roles(pkg, obj, obj.docstring.value)
+        for member in obj.members.values():
+            if not member.is_alias and member.path != "sqlaq.migrations.env":
+                self._link(pkg, member)  # type: ignore[arg-type]
 
     def _visit(self, obj: griffe.Object) -> None:
         for name, member in list(obj.members.items()):

@@ -72,9 +72,9 @@ def test_the_cli_reference_holds_every_subcommand_s_help(gen: Any) -> None:
     from sqlaq import admin
 
     text = gen.cli_markdown()
-    assert "## `sqlaq-worker`" in text
+    assert "## `sqlaq-worker` { #command-sqlaq-worker }" in text
     assert "usage: sqlaq-worker" in text
     for name in gen._subcommands(admin.build_parser()):
-        assert f"### `sqlaq {name}`" in text
+        assert f"### `sqlaq {name}` {{ #command-sqlaq-{name} }}" in text
         assert f"usage: sqlaq {name}" in text
-    assert "### `sqlaq dashboard`" in text
+    assert "### `sqlaq dashboard` { #command-sqlaq-dashboard }" in text
