@@ -98,11 +98,13 @@ __all__ = [
     "worker_main",
 ]
 
+#: Stopped as asked: the queue drained (``--burst``), or a single signal's graceful stop.
 EXIT_OK = 0
 #: Stopped by a second (or third) signal: running jobs were handed back, or abandoned.
 EXIT_FORCED = 1
 #: The database stayed unavailable for the whole ``start_timeout`` (worth restarting).
 EXIT_UNAVAILABLE = 1
+#: Interrupted (Ctrl-C) while starting, before signals were handled: 128 + SIGINT.
 EXIT_INTERRUPTED = 130
 PROG = "sqlaq-worker"
 LOG_LEVELS = ("debug", "info", "warning", "error")

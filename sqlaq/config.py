@@ -46,6 +46,7 @@ __all__ = [
     "check_options",
 ]
 
+#: The queues a worker serves when none is named: ``("default",)``.
 DEFAULT_QUEUES: tuple[str, ...] = (DEFAULT_QUEUE,)
 #: Jobs run at once, at most: sync handlers each hold a thread, async ones a slot on the
 #: loop. A ceiling, not a cost: threads start only as jobs need them (ten due jobs start

@@ -73,7 +73,9 @@ _log = logging.getLogger("sqlaq.worker")
 
 #: After the grace period, how long to keep trying to write outcomes and hand jobs back.
 FINAL_WRITE_SECONDS = 5.0
+#: The ``application_name`` of a worker's connections (``pg_stat_activity`` shows it).
 WORKER_APPLICATION_NAME = "sqlaq-worker"
+#: The ``application_name`` of a worker's LISTEN connection.
 LISTENER_APPLICATION_NAME = "sqlaq-listener"
 
 

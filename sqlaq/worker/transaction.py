@@ -52,6 +52,8 @@ __all__ = [
 #: Makes the session of one job's transaction: a ``sessionmaker`` (or any callable
 #: returning a Session usable as a context manager).
 SessionFactory: TypeAlias = "Callable[[], AbstractContextManager[Session]]"
+#: Makes the session of one async job's transaction: an ``async_sessionmaker`` (or any
+#: callable returning an AsyncSession usable as an async context manager).
 AsyncSessionFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
 

@@ -7,11 +7,13 @@ explicit environment (nothing here reads or writes ``os.environ`` of the test pr
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import fields
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -215,8 +217,21 @@ def test_every_worker_option_is_declared_once_on_its_field() -> None:
         assert option.env == "SQLAQ_" + option.name.upper()
 
 
-def test_readme_lists_every_flag_and_variable() -> None:
-    table = [line for line in README.read_text().splitlines() if line.startswith("| `")]
+def _generated_reference() -> Any:
+    """docs/gen_reference.py, which writes the reference pages of the documentation."""
+    path = README.parent / "docs" / "gen_reference.py"
+    spec = importlib.util.spec_from_file_location("sqlaq_docs_gen_reference", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_configuration_reference_lists_every_flag_and_variable() -> None:
+    """The documentation's configuration table, generated from the declared options."""
+    text = _generated_reference().configuration_markdown()
+    table = [line for line in text.splitlines() if line.startswith("| `")]
     for option in (*COMMAND_OPTIONS, *WORKER_OPTIONS):
         flag = option.name.upper() if option.positional else option.flag_name
         assert any(f"`{flag}`" in row and f"`{option.env}`" in row for row in table), flag

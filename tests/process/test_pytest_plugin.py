@@ -1,4 +1,4 @@
-"""sqlaq's pytest plugin: the README's complete test module, run under pytest."""
+"""sqlaq's pytest plugin: the documentation's complete test modules, run under pytest."""
 
 from __future__ import annotations
 
@@ -7,20 +7,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docsamples
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = 'pytest_plugins = ["sqlaq.testing.pytest_plugin"]'
 
 
 def readme_test_modules() -> list[str]:
-    """The README's python blocks that enable the plugin: the sync and the async one."""
-    blocks = README.read_text().split("```python\n")[1:]
-    modules = [block.split("\n```", 1)[0] + "\n" for block in blocks if MARKER in block]
-    assert len(modules) == 2, "expected the sync and the async test module in the README"
+    """The documentation's python blocks that enable the plugin: the sync and the async
+    one (wherever they are: README.md or a page under docs/)."""
+    modules = [block.code for block in docsamples.find_blocks("python", MARKER)]
+    assert len(modules) == 2, "expected the sync and the async test module in the docs"
     return modules
 
 
