@@ -1,4 +1,4 @@
-"""Every code sample in README.md runs here, one test case per fenced block.
+"""Every code sample in README.md and docs/**/*.md runs here, one test case per fenced block.
 
 How each kind of block is checked:
 
@@ -66,6 +66,9 @@ from sqlaq.testing import drain
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+#: The Markdown files whose samples run: the README, then the site's pages.
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 
 # -- the README's blocks -------------------------------------------------------------
 
@@ -76,8 +79,9 @@ _HEADING = re.compile(r"^#{1,6}\s+(?P<title>.+?)\s*$")
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced code block of the README."""
+    """One fenced code block of the README or a page of the docs."""
 
+    path: str  # relative to the repository's root
     index: int
     line: int  # of the opening fence, 1-based
     heading: str
@@ -88,11 +92,12 @@ class Block:
     @property
     def id(self) -> str:
         slug = re.sub(r"[^a-z0-9]+", "-", self.heading.lower()).strip("-")
-        return f"{self.index:02d}-{slug}-{self.lang or 'text'}"
+        page = re.sub(r"[^a-z0-9]+", "-", self.path.removesuffix(".md").lower())
+        return f"{page}-{self.index:02d}-{slug}-{self.lang or 'text'}"
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.line} ({self.lang or 'no language'} block under {self.heading!r})"
+        return f"{self.path}:{self.line} ({self.lang or 'no language'} block under {self.heading!r})"
 
 
 @dataclass
@@ -109,7 +114,7 @@ def _marker_options(text: str) -> dict[str, str]:
     return options
 
 
-def parse_readme(source: str) -> Readme:
+def parse_readme(source: str, path: str = "README.md") -> Readme:
     """The fenced blocks, each with its heading and the marker just before it."""
     blocks: list[Block] = []
     stray: list[int] = []
@@ -133,7 +138,7 @@ def parse_readme(source: str) -> Readme:
             options = marker[1] if marker else {}
             marker = None
             code = "\n".join(body) + "\n"
-            blocks.append(Block(len(blocks), start, heading, fence["lang"], code, options))
+            blocks.append(Block(path, len(blocks), start, heading, fence["lang"], code, options))
         elif match := _MARKER.match(line):
             if marker:
                 stray.append(marker[0])
@@ -149,8 +154,13 @@ def parse_readme(source: str) -> Readme:
     return Readme(blocks, stray)
 
 
-README_DOC = parse_readme(README.read_text(encoding="utf-8"))
-BLOCKS = README_DOC.blocks
+DOCUMENTS = {
+    str(page.relative_to(ROOT)): parse_readme(
+        page.read_text(encoding="utf-8"), str(page.relative_to(ROOT))
+    )
+    for page in PAGES
+}
+BLOCKS = [block for document in DOCUMENTS.values() for block in document.blocks]
 
 
 # -- preludes for python blocks ------------------------------------------------------
@@ -374,7 +384,7 @@ def asyncio_worker_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
 @prelude("pytest-session")
 def pytest_session_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
     """``signup`` (the application code under test, which enqueues), a ``registry``
-    handling its job, and ``session``, the test's Session; then every ``test_*``
+    handling its job, and ``sqlaq_session``, the test's Session (as the plugin's fixture); then every ``test_*``
     function the sample defines is called, with its arguments taken from the
     namespace as pytest would take fixtures."""
     welcomed: list[dict[str, Any]] = []
@@ -385,7 +395,7 @@ def pytest_session_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
         sqlaq.enqueue(session, "send_welcome_email", {"email": email, "template": "welcome"})
 
     with Session(bind=clean_conn) as session:
-        namespace = {"signup": signup, "registry": registry, "session": session}
+        namespace = {"signup": signup, "registry": registry, "sqlaq_session": session}
         yield namespace
         tests = [f for name, f in namespace.items() if name.startswith("test_")]
         assert tests, "the sample defines no test function"
@@ -807,7 +817,7 @@ def _python(block: Block, request: pytest.FixtureRequest) -> None:
         name: request.getfixturevalue(name) for name in inspect.signature(factory).parameters
     }
     # Blank lines in front: a traceback names the README's own line numbers.
-    code = compile("\n" * block.line + block.code, str(README), "exec")
+    code = compile("\n" * block.line + block.code, str(ROOT / block.path), "exec")
     with factory(**fixtures) as namespace:
         # exec (S102) is the point: the README's sample runs as written.
         exec(code, namespace)  # noqa: S102
@@ -1011,7 +1021,8 @@ def test_readme_sample(block: Block, request: pytest.FixtureRequest) -> None:
 
 
 def test_docs_test_markers_are_attached_and_every_prelude_is_used() -> None:
-    assert README_DOC.stray_markers == [], "docs-test markers not followed by a code block"
+    stray = {path: doc.stray_markers for path, doc in DOCUMENTS.items() if doc.stray_markers}
+    assert stray == {}, "docs-test markers not followed by a code block"
     known = {"prelude", "skip", "reason"}
     for block in BLOCKS:
         assert set(block.options) <= known, f"{block.where}: unknown marker option"
