@@ -418,19 +418,20 @@ async def test_any_sync_operation_still_runs_through_run_sync(
     assert (await aq.enqueued_jobs(aconn))[0].id == result.job_id
 
 
-# -- the README's sample -------------------------------------------------------------------------
+# -- the docs' sample -------------------------------------------------------------------------
 
 
-def readme_block(heading: str) -> str:
-    """The first python block under *heading* in README.md."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+ASYNC_APPS = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "async-apps.md"
 
 
-async def test_the_readme_sample_runs(async_engine: AsyncEngine) -> None:
+def docs_block(page: Path) -> str:
+    """The first python block of *page*."""
+    return page.read_text().split("```python\n", 1)[1].split("```", 1)[0]
+
+
+async def test_the_docs_sample_runs(async_engine: AsyncEngine) -> None:
     namespace: dict[str, Any] = {}
-    exec(compile(readme_block("Async applications"), "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(docs_block(ASYNC_APPS), str(ASYNC_APPS), "exec"), namespace)  # noqa: S102
     await namespace["order_placed"](async_engine, 7)
     await namespace["order_placed"](async_engine, 7)  # the dedupe key holds the second
     async with async_engine.connect() as conn:

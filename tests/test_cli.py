@@ -22,7 +22,7 @@ import sqlaq
 from sqlaq.cli import COMMAND_OPTIONS, GC_THRESHOLD, UsageError, parse_duration, parse_options
 from sqlaq.config import WORKER_OPTIONS, WorkerConfig
 
-README = TESTS_DIR.parent / "README.md"
+RUNNING_WORKERS = TESTS_DIR.parent / "docs" / "how-to" / "running-workers.md"
 # Each test that starts processes or threads sets its own, tighter bound.
 pytestmark = pytest.mark.timeout(60)
 
@@ -208,8 +208,10 @@ def test_every_worker_option_is_declared_once_on_its_field() -> None:
         assert option.env == "SQLAQ_" + option.name.upper()
 
 
-def test_readme_lists_every_flag_and_variable() -> None:
-    table = [line for line in README.read_text().splitlines() if line.startswith("| `")]
+def test_the_docs_list_every_flag_and_variable() -> None:
+    """The flag table of docs/how-to/running-workers.md names every option and its variable."""
+    text = RUNNING_WORKERS.read_text()
+    table = [line for line in text.splitlines() if line.startswith("| `")]
     for option in (*COMMAND_OPTIONS, *WORKER_OPTIONS):
         flag = option.name.upper() if option.positional else option.flag_name
         assert any(f"`{flag}`" in row and f"`{option.env}`" in row for row in table), flag

@@ -1,4 +1,4 @@
-"""sqlaq's pytest plugin: the README's complete test module, run under pytest."""
+"""sqlaq's pytest plugin: the complete test modules of docs/how-to/testing.md, run under pytest."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+TESTING = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "testing.md"
 MARKER = 'pytest_plugins = ["sqlaq.testing.pytest_plugin"]'
 
 
-def readme_test_modules() -> list[str]:
-    """The README's python blocks that enable the plugin: the sync and the async one."""
-    blocks = README.read_text().split("```python\n")[1:]
+def docs_test_modules() -> list[str]:
+    """The docs' python blocks that enable the plugin: the sync and the async one."""
+    blocks = TESTING.read_text().split("```python\n")[1:]
     modules = [block.split("\n```", 1)[0] + "\n" for block in blocks if MARKER in block]
-    assert len(modules) == 2, "expected the sync and the async test module in the README"
+    assert len(modules) == 2, "expected the sync and the async test module in the docs"
     return modules
 
 
@@ -36,8 +36,8 @@ def leftover_databases(server_url: str) -> list[str]:
 
 
 @pytest.mark.timeout(120)
-def test_the_readme_test_modules_pass_with_the_plugin(server_url: str, tmp_path: Path) -> None:
-    sync, async_ = readme_test_modules()
+def test_the_docs_test_modules_pass_with_the_plugin(server_url: str, tmp_path: Path) -> None:
+    sync, async_ = docs_test_modules()
     (tmp_path / "test_jobs.py").write_text(sync)
     (tmp_path / "test_async_jobs.py").write_text(async_)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SQLAQ_", "PYTEST_"))}
@@ -57,7 +57,7 @@ def test_the_readme_test_modules_pass_with_the_plugin(server_url: str, tmp_path:
 
 
 def test_without_a_server_the_plugin_says_what_to_set(tmp_path: Path) -> None:
-    (tmp_path / "test_jobs.py").write_text(readme_test_modules()[0])
+    (tmp_path / "test_jobs.py").write_text(docs_test_modules()[0])
     env = {
         k: v
         for k, v in os.environ.items()
