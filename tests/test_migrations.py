@@ -876,7 +876,7 @@ def _host_ini(url: str, *, path_separator: str, version_locations: str) -> str:
     )
 
 
-#: The docs' version_locations (how-to/migrations.md): the host's own directory, then sqlaq's package.
+#: The docs' version_locations (how-to/migrations.md): the host's directory, then sqlaq's.
 README_LOCATIONS = f"%(here)s/alembic/versions {sqlaq.migrations.VERSION_LOCATION}"
 
 
