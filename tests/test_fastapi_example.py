@@ -100,3 +100,22 @@ def test_the_async_tutorial_shows_this_app_as_it_is() -> None:
                 continue
             assert line in app[position:], f"not in app.py (or out of order): {line!r}"
             position = app.index(line, position) + 1
+
+
+def test_every_query_parameter_the_example_names_is_an_endpoint_parameter() -> None:
+    """``?name=`` in the app's docstrings and comments names a parameter of one of its
+    functions (an endpoint's query parameter), not a stale spelling of one."""
+    import ast
+    import re
+
+    source = (ROOT / "examples/fastapi_app/app.py").read_text(encoding="utf-8")
+    named = set(re.findall(r"\?(\w+)=", source))
+    assert named, "the example names no query parameter any more"
+    tree = ast.parse(source)
+    parameters = {
+        arg.arg
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for arg in node.args.args + node.args.kwonlyargs
+    }
+    assert named <= parameters, f"not a parameter of the app: {sorted(named - parameters)}"
