@@ -876,12 +876,12 @@ def _host_ini(url: str, *, path_separator: str, version_locations: str) -> str:
     )
 
 
-#: The README's version_locations: the host's own directory, then sqlaq's package.
+#: The docs' version_locations (how-to/migrations.md): the host's directory, then sqlaq's.
 README_LOCATIONS = f"%(here)s/alembic/versions {sqlaq.migrations.VERSION_LOCATION}"
 
 
 def _make_host(root: Path, url: str) -> Path:
-    """A throwaway host project: alembic.ini as the README says, an env.py with its own
+    """A throwaway host project: alembic.ini as the docs say, an env.py with its own
     models and sqlaq's include_name, an empty versions directory."""
     (root / "alembic" / "versions").mkdir(parents=True)
     (root / "alembic" / "script.py.mako").write_text(
@@ -991,7 +991,7 @@ def test_host_project_consumes_sqlaq_from_a_wheel(
 
 @pytest.mark.timeout(240)
 def test_os_path_separator_loses_the_sqlaq_branch(wheel_site: Path, tmp_path: Path) -> None:
-    """With ``path_separator = os`` (":" on POSIX) the README's version_locations line
+    """With ``path_separator = os`` (":" on POSIX) the docs' version_locations line
     is split on ":" only: neither half is a directory, so `alembic heads` silently lists
     nothing at all and exits 0. Written the os way (":"-joined), "sqlaq:migrations/versions"
     is cut in two and sqlaq's branch vanishes; a host revision that depends on it then
@@ -1000,7 +1000,7 @@ def test_os_path_separator_loses_the_sqlaq_branch(wheel_site: Path, tmp_path: Pa
     (host / "alembic" / "versions" / "host_0001_orders.py").write_text(_host_revision("host_0001"))
     ini = host / "alembic.ini"
 
-    # The control: the README's configuration finds both branches.
+    # The control: the docs' configuration finds both branches.
     assert _alembic(host, wheel_site, "heads").stdout.split() == [
         "host_0001",
         "(head)",
