@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 import test_transactional
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import sessionmaker
 from test_worker import Recorder, enqueue, job, running
 from workerkit import ledger_runs, wait_until, worker_processes
 
 import sqlaq
+from sqlaq.outcome import Verdict
 from sqlaq.worker.leases import Leases
-from sqlaq.worker.run import Run
+from sqlaq.worker.run import Finished, Run
+from sqlaq.worker.runner import Runner
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -63,36 +66,42 @@ def test_a_sync_handler_is_written_timed_out_at_its_deadline(committed: Engine) 
 
 
 @pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
-def test_a_sync_handler_returning_past_its_deadline_is_not_done(
+def test_a_sync_handler_returning_past_its_deadline_is_timed_out_not_done(
     committed: Engine, transactional: bool
 ) -> None:
+    # The runner alone: no worker looks at the deadline meanwhile.
     registry = sqlaq.Registry()
     queue = _queue()
-    recorder = Recorder()
-    returned = threading.Event()
 
-    def late(payload: dict[str, Any], **session: Any) -> None:
-        if session:
-            session["session"].execute(text("SELECT 1"))
-        threading.Event().wait(1.3)  # past its 1 s deadline, then returns
-        returned.set()
+    def late(payload: dict[str, Any]) -> None:
+        if transactional:
+            sqlaq.current_job().session.execute(text("SELECT 1"))
+        threading.Event().wait(1.2)  # past its 1 s deadline, then returns
 
-    if transactional:
-        registry.handler("late", timeout=timedelta(seconds=1))(
-            lambda payload, session: late(payload, session=session)
-        )
-    else:
-        registry.handler("late", timeout=timedelta(seconds=1))(lambda payload: late(payload))
-    ids = [enqueue(committed, "late", queue=queue, max_attempts=1) for _ in range(3)]
-    worker = sqlaq.Worker(
-        committed, registry, queues=[queue], concurrency=3, on_job_finished=recorder.finished
-    )
-    with running(worker):
-        wait_until(lambda: all(_failed_by_timeout(committed, i) for i in ids), 10, "timed out")
-        assert returned.wait(10)
-        wait_until(lambda: len(recorder.results) == 3, 10, "every run reported")
-    # What the handlers returned after their deadline changed nothing.
-    assert all(_failed_by_timeout(committed, i) for i in ids)
+    handler = registry.add("late", late, timeout=timedelta(seconds=1), transaction=transactional)
+    job_id = enqueue(committed, "late", queue=queue, max_attempts=1)
+    with committed.begin() as conn:
+        (claimed,) = sqlaq.claim(conn, worker_id=uuid.uuid4(), queue=queue)
+    leases = Leases(committed, [timedelta(seconds=30)])
+    run = Run.of(claimed, handler, timedelta(seconds=30), leases.renew_now)
+    finished: list[Finished] = []
+    reported = threading.Event()
+
+    def on_finished(item: Finished) -> None:
+        finished.append(item)
+        reported.set()
+
+    runner = Runner(1, on_finished, sessions=sessionmaker(bind=committed))
+    try:
+        runner.submit([run])
+        assert reported.wait(10)
+    finally:
+        runner.close()
+    (result,) = finished
+    assert result.outcome.verdict is Verdict.FAILED
+    assert "JobTimeoutError: timed out after 1s" in (result.outcome.error or "")
+    assert not result.committed
+    assert job(committed, job_id).status == "running"  # nothing committed by the handler
 
 
 def test_cancelling_a_running_async_job_cancels_its_task(committed: Engine) -> None:
@@ -192,6 +201,29 @@ def test_async_transactional_handlers_get_a_connection_each_and_close_cleanly(
         release.set()
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == []
+
+
+def test_a_clean_stop_closes_the_async_sessions_connections_without_errors(
+    committed: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = sqlaq.Registry()
+    queue = _queue()
+
+    @registry.handler("selects")
+    async def selects(payload: dict[str, Any], session: Any) -> None:
+        await session.execute(text("SELECT 1"))
+
+    ids = [enqueue(committed, "selects", queue=queue) for _ in range(3)]
+    worker = sqlaq.Worker(committed, registry, queues=[queue], concurrency=3)
+    caplog.set_level(logging.ERROR)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: all(job(committed, i).status == "done" for i in ids), 15, "done")
+    finally:
+        worker.stop()
+        thread.join(15)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_a_renewal_overlapping_a_transactional_completion_warns_of_nothing(
