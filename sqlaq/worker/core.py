@@ -81,11 +81,12 @@ class Worker:
         engine: The queue's database: an Engine, or an ``AsyncEngine`` (the worker then
             makes an Engine of its own on the same URL with the sync psycopg driver,
             disposed when it stops: its bookkeeping runs in threads). While
-            :meth:`run` runs, the worker holds one connection (its claims) and a
-            second for writing outcomes (taken first: it claims only while it has
-            it), plus one per handler calling ``current_job().extend_lease()``, plus
-            a LISTEN connection of its own made from the engine's URL (or from
-            ``listen_url``).
+            :meth:`run` runs, each part holds connections of its pool (its claims,
+            its writer, the maintenance leader's lock and rounds, the drain vacuum:
+            counted in :mod:`sqlaq.worker.pool`; an engine whose pool cannot hold
+            them all is refused), plus one per handler calling
+            ``current_job().extend_lease()``, plus a LISTEN connection of its own made
+            from the engine's URL (or from ``listen_url``).
         registry: The handlers.
         config: The options; or pass them as keywords (``concurrency=8``), which
             override *config*'s.
@@ -110,7 +111,8 @@ class Worker:
         stopped: Set when :meth:`run` has returned.
 
     Raises:
-        ConfigError: an option is unknown or unusable.
+        ConfigError: an option is unknown or unusable, or the engine's pool cannot hold
+            the connections of the worker's parts (the message names each).
     """
 
     def __init__(
