@@ -58,6 +58,7 @@ from sqlaq.errors import ConfigError, DatabaseUnavailableError, SchemaOutOfDateE
 from sqlaq.logformat import configure_logging
 from sqlaq.option import Boolean, Choice, Integer, Option, Text, parse_bool, parse_duration
 from sqlaq.worker import WORKER_APPLICATION_NAME, Worker
+from sqlaq.worker import pool as worker_pool
 
 if TYPE_CHECKING:
     from sqlaq.admin import main as admin_main
@@ -318,11 +319,13 @@ def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
         options = parse_options(argv, environ)
         configure_logging(options.log_level, options.log_format)
         registry = load_registry(options.app)
+        pool_size, max_overflow = worker_pool.sized(options.config, registry)
         engine = database_engine(
             options.database_url,
             application_name=WORKER_APPLICATION_NAME,
             notice=_log.warning,
-            max_overflow=options.config.concurrency,
+            pool_size=pool_size,
+            max_overflow=max_overflow + (1 if options.metrics_port else 0),
         )
         try:
             metrics = _start_metrics(engine, options.metrics_port)

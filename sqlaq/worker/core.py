@@ -56,6 +56,7 @@ from sqlaq.outcome import Outcome, Verdict, decide
 from sqlaq.registry import Registry
 from sqlaq.schema import CANCEL_CHANNEL, CHANNEL
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
+from sqlaq.worker import pool
 from sqlaq.worker.fetcher import Fetcher
 from sqlaq.worker.leases import Leases
 from sqlaq.worker.listener import Listener, Waker, connection_params
@@ -86,11 +87,12 @@ class Worker:
         engine: The queue's database: an Engine, or an ``AsyncEngine`` (the worker then
             makes an Engine of its own on the same URL with the sync psycopg driver,
             disposed when it stops: its bookkeeping runs in threads). While
-            :meth:`run` runs, the worker holds one connection (its claims) and a
-            second for writing outcomes (taken first: it claims only while it has
-            it), plus one per handler calling ``current_job().extend_lease()``, plus
-            a LISTEN connection of its own made from the engine's URL (or from
-            ``listen_url``).
+            :meth:`run` runs, each part holds connections of its pool (its claims,
+            its writer, the maintenance leader's lock and rounds, the drain vacuum:
+            counted in :mod:`sqlaq.worker.pool`; an engine whose pool cannot hold
+            them all is refused), plus one per handler calling
+            ``current_job().extend_lease()``, plus a LISTEN connection of its own made
+            from the engine's URL (or from ``listen_url``).
         registry: The handlers.
         config: The options; or pass them as keywords (``concurrency=8``), which
             override *config*'s.
@@ -104,7 +106,9 @@ class Worker:
             for async handlers an ``async_sessionmaker`` on an AsyncEngine the worker
             makes on the same URL (the ``asyncio`` extra). Each transactional handler
             holds one connection while it runs: the engine's pool must hold the
-            worker's concurrency plus two (its claims and its writer).
+            worker's concurrency plus its own parts' connections
+            (:mod:`sqlaq.worker.pool`). A pool too small for the worker's own parts
+            is refused at start.
 
     Attributes:
         worker_id: This worker's id, written to ``locked_by`` of the jobs it claims.
@@ -113,7 +117,8 @@ class Worker:
         stopped: Set when :meth:`run` has returned.
 
     Raises:
-        ConfigError: an option is unknown or unusable.
+        ConfigError: an option is unknown or unusable, or the engine's pool cannot hold
+            the connections of the worker's parts (the message names each).
 
     Starting (:meth:`run`, :meth:`run_async`, ``async with``) first checks the database,
     whichever way the worker runs (:mod:`sqlaq.worker.startup`): its schema must be at
@@ -141,7 +146,7 @@ class Worker:
             config = WorkerConfig.from_options(config, **options)
         self.config = config
         self._own_engine = not isinstance(engine, Engine)
-        engine = sync_engine(engine)
+        engine = sync_engine(engine, pool.sized(config, registry))
         self.worker_id: UUID = uuid4()
         self.started = threading.Event()
         self.idle = threading.Event()
@@ -161,10 +166,7 @@ class Worker:
         self._cancels: deque[int] = deque()  # the listener's: job ids
         self._unwritten: list[tuple[Finished, Outcome]] = []  # not yet handed to the writer
         self._writing: Batch | None = None  # handed to the writer, not yet settled
-        self._busy = 0  # handed to the runner, not finished: running or prefetched
         self._db_failures = 0
-        lengths = [config.lease, *(h.lease for h in registry if h.lease is not None)]
-        self._leases = Leases(engine, lengths)
         self._fetcher = Fetcher(
             engine, registry, config, self.worker_id, self._back_off, self._recovered
         )
@@ -172,16 +174,22 @@ class Worker:
         #: Vacuums the jobs table during deep drains (None with ``vacuum`` off).
         self.vacuum = DrainVacuum(engine) if config.vacuum else None
         sorts = {h.is_async for h in registry}
-        self._sessions = Sessions(engine, registry, config.concurrency, sessionmaker)
+        parts = pool.needs(config)
+        self._sessions = Sessions(engine, registry, config.concurrency, sessionmaker, parts)
         if self._sessions.concurrency != config.concurrency:  # the default, fitted to the pool
             config = self.config = replace(config, concurrency=self._sessions.concurrency)
+        if not self._own_engine:  # its own parts must never wait on each other
+            pool.check(engine, parts)
         self._runner = Runner(
             config.concurrency,
             self._handler_finished,
             mixed=len(sorts) > 1,
             sessions=self._sessions.sync,
             async_sessions=self._sessions.async_,
+            on_deadline=self._wake.set,
         )
+        lengths = [config.lease, *(h.lease for h in registry if h.lease is not None)]
+        self._leases = Leases(engine, lengths, on_cancelled=self._runner.cancel)
         # prefetch None ("auto"): the pace decides, from what the worker observes; not
         # when every handler is limited (limited kinds are never claimed ahead, and a
         # claim of the others would find none, every turn).
@@ -359,7 +367,7 @@ class Worker:
             claiming = False
         room = self._room() if claiming else 0
         if room > 0:
-            free = self.config.concurrency - self._busy
+            free = self.config.concurrency - self._runner.busy
             pace = self._pace
             started = monotonic() if pace is not None else 0.0
             claimed = self._fetcher.fetch(room, free, self._stopping.is_set)
@@ -383,7 +391,7 @@ class Worker:
         left to auto, the prefetch is the pace's (:mod:`sqlaq.worker.pacing`), updated
         after each claim.
         """
-        busy, concurrency, prefetch = self._busy, self.config.concurrency, self._prefetch
+        busy, concurrency, prefetch = self._runner.busy, self.config.concurrency, self._prefetch
         capacity = concurrency + prefetch
         room = capacity - busy
         if busy >= concurrency and room < max(1, prefetch // 2):
@@ -410,7 +418,6 @@ class Worker:
         while self._finished:
             finished = self._finished.popleft()
             run = finished.run
-            self._busy -= 1
             self._fetcher.finished(run.job.kind, run.job.queue)
             if leases.late(run):  # timed out: its outcome was written at the deadline
                 _log.info("late result of a timed-out attempt dropped", extra=run.log_extra())
@@ -472,7 +479,6 @@ class Worker:
             else:
                 runs.append(run)
         if runs:
-            self._busy += len(runs)
             self._runner.submit(runs)
 
     # -- writing outcomes ------------------------------------------------------------
@@ -641,11 +647,11 @@ class Worker:
             self._maintenance.stop(timeout=0)
         deadline = monotonic() + self.config.grace_period.total_seconds()
         self._withdraw(stopping=True)  # prefetched jobs that have not started go back
-        if self._busy:
-            _log.info("worker stopping: waiting for %d running job(s)", self._busy)
+        if self._runner.busy:
+            _log.info("worker stopping: waiting for %d running job(s)", self._runner.busy)
         while True:
             self._step(claiming=False)  # writes what finished; keeps leases renewed
-            if not self._busy or self._forced or monotonic() >= deadline:
+            if not self._runner.busy or self._forced or monotonic() >= deadline:
                 break
             self._sleep(deadline)
         # The batch in flight, written or failed. A writer stuck longer than that (a
@@ -676,11 +682,8 @@ class Worker:
         """Hand the prefetched jobs (not started) back; if that fails, a running worker
         runs them after all, a stopping one hands them back at the end."""
         withdrawn = self._runner.withdraw()
-        if withdrawn:
-            self._busy -= len(withdrawn)
-            if not self._hand_back(withdrawn, final=False) and not stopping:
-                self._busy += len(withdrawn)
-                self._runner.submit(withdrawn)
+        if withdrawn and not self._hand_back(withdrawn, final=False) and not stopping:
+            self._runner.submit(withdrawn)
 
     def _hand_back(self, runs: list[Run], *, final: bool) -> bool:
         """Hand *runs* back to the queue (status queued, due now, attempt refunded);
@@ -712,8 +715,8 @@ class Worker:
             self._maintenance.stop()
         self._writer.close()  # it closes its connection on the way out
         self._fetcher.close()
+        self._sessions.close(self._runner.loop)  # on the loop its connections know
         self._runner.close()
-        self._sessions.close()
         self._wake.close()
         if self._own_engine:
             self._engine.dispose()
@@ -721,7 +724,6 @@ class Worker:
             _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})
 
 
-#: A statement's failure, from SQLAlchemy or (precompiled statements) from psycopg itself.
 #: A statement's failure: the driver's, or sqlaq's translation of a missing table or
 #: column (:func:`sqlaq.drive.schema_error`).
 _DATABASE_ERRORS = (sa_exc.DBAPIError, psycopg.Error, SchemaOutOfDateError)
@@ -731,9 +733,10 @@ _DATABASE_ERRORS = (sa_exc.DBAPIError, psycopg.Error, SchemaOutOfDateError)
 _KEYWORDS = ("config", "on_job_finished", "on_job_started", "sessionmaker")
 
 
-def sync_engine(engine: object) -> Engine:
+def sync_engine(engine: object, pool_size: tuple[int, int] = (5, 10)) -> Engine:
     """*engine* if it is an Engine; for an AsyncEngine, a new Engine on its URL with the
-    sync psycopg driver (the worker's threads need blocking connections).
+    sync psycopg driver (the worker's threads need blocking connections), its pool
+    *pool_size* (``pool_size``, ``max_overflow``).
 
     Raises:
         ConfigError: *engine* is neither, or its driver has no sync counterpart here.
@@ -754,4 +757,5 @@ def sync_engine(engine: object) -> Engine:
             "use postgresql+psycopg_async:// or postgresql+asyncpg://"
         )
     _log.info("worker connects with %s (sync) to the AsyncEngine's database", SYNC_DRIVER)
-    return create_engine(sync_url(url), pool_pre_ping=True)
+    size, overflow = pool_size
+    return create_engine(sync_url(url), pool_pre_ping=True, pool_size=size, max_overflow=overflow)

@@ -159,16 +159,38 @@ def test_a_stale_holder_commits_nothing(effects: Engine, fate: str) -> None:
 def test_the_pool_must_hold_a_connection_per_transactional_handler(database_url: str) -> None:
     registry = sqlaq.Registry()
     registry.handler("t")(lambda payload, session: None)
-    small = create_engine(database_url, pool_size=3, max_overflow=0)
+    # The worker's own parts: claims 2, writer 1, maintenance 2, vacuum 1.
+    small = create_engine(database_url, pool_size=7, max_overflow=0)
     try:
-        with pytest.raises(sqlaq.ConfigError, match=r"holds at most 3 connections.* needs 12"):
+        with pytest.raises(
+            sqlaq.ConfigError,
+            match=r"holds at most 7 connections.* need 16 at once \(claims 2, writer 1, "
+            r"maintenance 2, vacuum 1, transactional handlers 10\)",
+        ):
             sqlaq.Worker(small, registry, concurrency=10)
-        sqlaq.Worker(small, registry, concurrency=1)  # 1 + 2 fit
+        sqlaq.Worker(small, registry, concurrency=1)  # 1 + 6 fit
         fitted = sqlaq.Worker(small, registry)  # the default is lowered to fit the pool
         assert fitted.config.concurrency == 1
         plain = sqlaq.Registry()
         plain.handler("p")(lambda payload: None)
-        sqlaq.Worker(small, plain, concurrency=10)  # plain handlers: batched, no check
+        sqlaq.Worker(small, plain, concurrency=10)  # plain handlers: the parts alone
+    finally:
+        small.dispose()
+
+
+def test_a_pool_too_small_for_the_workers_own_parts_is_refused(database_url: str) -> None:
+    plain = sqlaq.Registry()
+    plain.handler("p")(lambda payload: None)
+    small = create_engine(database_url, pool_size=3, max_overflow=0)
+    try:
+        with pytest.raises(
+            sqlaq.ConfigError,
+            match=r"holds at most 3 connections.* need 6 at once \(claims 2, writer 1, "
+            r"maintenance 2, vacuum 1\)",
+        ):
+            sqlaq.Worker(small, plain, concurrency=1)
+        # Without maintenance's lock (burst) and vacuum: claims and writer alone.
+        sqlaq.Worker(small, plain, concurrency=1, burst=True, vacuum=False)
     finally:
         small.dispose()
 
