@@ -222,7 +222,7 @@ def test_registry_periodic_rejects_bad_schedules_and_names() -> None:
         registry.add_periodic("0 * * * *", kind="report")
     registry.add_periodic("0 * * * *", kind="report", name="hourly")
     assert [p.name for p in registry.periodics] == ["hourly", "report"]
-    with pytest.raises(sqlaq.ConfigError, match="^unknown time zone 'Europe/Pariss': give"):
+    with pytest.raises(sqlaq.ConfigError, match=r"^unknown time zone 'Europe/Pariss': give"):
         registry.add_periodic("0 9 * * *", kind="report", name="paris", tz="Europe/Pariss")
     with pytest.raises(sqlaq.ConfigError, match="already in time zone 'UTC'"):
         Periodic.build(CronSchedule.parse("0 9 * * *"), kind="report", tz="Europe/Paris")
