@@ -129,7 +129,9 @@ def test_a_daily_slot_runs_once_on_a_dst_change(zone: str, day: str, expected: s
     moment = datetime.fromisoformat(day).replace(tzinfo=schedule.tz) - timedelta(days=2)
     by_day: dict[str, list[str]] = {}
     for _ in range(5):
-        moment = schedule.next_after(moment)
+        following = schedule.next_after(moment)
+        assert following is not None
+        moment = following
         wall = moment.astimezone(schedule.tz)
         by_day.setdefault(f"{wall:%Y-%m-%d}", []).append(f"{moment:%m-%d %H:%M}Z={wall:%H:%M%z}")
     assert len(by_day) == 5  # one a day, the day of the change too
