@@ -91,10 +91,12 @@ def slots(expression: str, zone: str, start: str, end: str) -> list[str]:
     """Every slot from *start* to *end* (UTC, both included), as ``UTC instant=local
     wall time``."""
     schedule = CronSchedule.parse(expression, tz=zone)
-    found, moment = [], at(start) - timedelta(seconds=1)
-    while (moment := schedule.next_after(moment)) is not None and moment <= at(end):
-        assert moment.tzinfo is UTC
-        found.append(f"{moment:%m-%d %H:%M}Z={moment.astimezone(schedule.tz):%H:%M%z}")
+    found: list[str] = []
+    moment = at(start) - timedelta(seconds=1)
+    while (following := schedule.next_after(moment)) is not None and following <= at(end):
+        assert following.tzinfo is UTC
+        found.append(f"{following:%m-%d %H:%M}Z={following.astimezone(schedule.tz):%H:%M%z}")
+        moment = following
     return found
 
 
