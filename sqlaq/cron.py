@@ -80,7 +80,7 @@ def time_zone(zone: ZoneInfo | str | None) -> ZoneInfo | None:
         )
     try:
         return ZoneInfo(zone)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "Europe", a folder
         raise ConfigError(
             f"unknown time zone {zone!r}: give an IANA name such as 'Europe/Paris'"
         ) from None

@@ -210,6 +210,8 @@ def test_slots_are_distinct_increasing_and_latest_agrees_with_next(
     [
         ("Europe/Pariss", "unknown time zone 'Europe/Pariss'"),
         ("", "unknown time zone ''"),
+        ("Europe", "unknown time zone 'Europe'"),  # a folder of the zone database
+        ("x" * 300, "unknown time zone 'x+'"),
         ("../etc/passwd", "unknown time zone '../etc/passwd'"),
         (UTC, "a time zone must be an IANA name \\(str\\) or a zoneinfo.ZoneInfo"),
     ],
