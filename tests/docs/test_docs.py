@@ -901,20 +901,21 @@ _RUN_BY = re.compile(r"(?P<file>tests/[\w/]+\.py)::(?P<test>\w+)")
 
 def run_instead_by(reason: str) -> str | None:
     """Why *reason* does not name an existing test as ``tests/test_x.py::test_name``
-    (None when it does)."""
-    named = _RUN_BY.search(reason)
-    if named is None:
+    (None when it does; every test it names must exist)."""
+    named = list(_RUN_BY.finditer(reason))
+    if not named:
         return "the reason names no test that runs it instead (tests/test_x.py::test_name)"
-    test_file = ROOT / named["file"]
-    if not test_file.is_file():
-        return f"{named['file']} does not exist"
-    defined = {
-        node.name
-        for node in ast.walk(ast.parse(test_file.read_text(encoding="utf-8")))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-    }
-    if named["test"] not in defined:
-        return f"{named['file']} has no test {named['test']!r}"
+    for match in named:
+        test_file = ROOT / match["file"]
+        if not test_file.is_file():
+            return f"{match['file']} does not exist"
+        defined = {
+            node.name
+            for node in ast.walk(ast.parse(test_file.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        }
+        if match["test"] not in defined:
+            return f"{match['file']} has no test {match['test']!r}"
     return None
 
 
@@ -1193,6 +1194,8 @@ def test_a_skip_reason_must_name_an_existing_test() -> None:
     assert run_instead_by("tests/test_nothing_here.py::test_x runs it") is not None
     assert run_instead_by("tests/docs/test_docs.py::test_no_such_test runs it") is not None
     assert run_instead_by("tests/docs/test_docs.py::test_sample runs it") is None
+    both = "tests/docs/test_docs.py::test_sample and tests/docs/test_docs.py::test_no_such_test"
+    assert run_instead_by(both) is not None
 
 
 def test_blocks_are_found_in_admonitions_tabs_and_snippets() -> None:
