@@ -14,7 +14,8 @@ tabs too, ``--8<-- "path"`` snippets included). How each kind of block is checke
   ``sqlaq-worker`` lines go through the real argument parsers, so a renamed flag fails;
   the read-only ``sqlaq`` subcommands also run against the test database. ``alembic``
   lines go through Alembic's own parser. The set-up lines are not run (``pip install``
-  and ``pip wheel`` install or build packages): a ``nox`` command must appear verbatim
+  and ``pip wheel`` install or build packages; the extras and the wheel file they name
+  must be sqlaq's): a ``nox`` command must appear verbatim
   in ``.ci/run`` (``nox -s bench``, minutes long, must name a session of noxfile.py),
   and the quickstart script runs against a fresh database.
 * ```` ```ini ````: parsed; the ``[alembic]`` section must hold the settings that make
@@ -67,6 +68,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -1046,8 +1048,19 @@ def _check_quickstart(argv: list[str], line: str, request: pytest.FixtureRequest
     assert re.search(r"^job \d+ is done$", run.stdout, re.MULTILINE), run.stdout
 
 
-def _not_run(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
-    """Installs or builds packages: not run by a test."""
+def _check_pip(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    """Installs or builds packages: not run by a test. The extras it names in brackets
+    must be sqlaq's, and a wheel file it names must be the one ``pip wheel`` builds
+    from this version."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    for arg in argv[4:]:
+        extras = re.search(r"\[([\w,-]+)\]$", arg)
+        if extras is not None:
+            unknown = set(extras[1].split(",")) - set(project["optional-dependencies"])
+            assert not unknown, f"{line!r}: sqlaq has no extra {sorted(unknown)}"
+        wheel = re.search(r"sqlaq-[^/\[]*\.whl", arg)
+        if wheel is not None:
+            assert wheel[0] == f"sqlaq-{project['version']}-py3-none-any.whl", line
 
 
 ShCheck = Callable[[list[str], str, pytest.FixtureRequest], None]
@@ -1063,7 +1076,7 @@ def sh_rule(argv: list[str]) -> ShCheck | None:
         case ["alembic", *_]:
             return _check_alembic
         case ["python3", "-m", "pip", "install" | "wheel", *_]:
-            return _not_run
+            return _check_pip
         case ["python3", "-m", "nox", "-s", "bench", *_]:
             return _check_nox_session
         case ["python3", "-m", "nox", "-s", *_]:
