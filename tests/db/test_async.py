@@ -475,7 +475,7 @@ async def test_any_sync_operation_still_runs_through_run_sync(
     assert (await aq.enqueued_jobs(aconn))[0].id == result.job_id
 
 
-# -- the README's sample -------------------------------------------------------------------------
+# -- the documentation's sample ------------------------------------------------------------------
 
 
 def documented_block(contains: str) -> tuple[str, str]:
@@ -484,7 +484,7 @@ def documented_block(contains: str) -> tuple[str, str]:
     return block.code, block.path
 
 
-async def test_the_readme_sample_runs(async_engine: AsyncEngine) -> None:
+async def test_the_documented_async_sample_runs(async_engine: AsyncEngine) -> None:
     namespace: dict[str, Any] = {}
     code, path = documented_block("async def order_placed(")
     exec(compile(code, path, "exec"), namespace)  # noqa: S102

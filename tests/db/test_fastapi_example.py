@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import docsamples
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -86,19 +87,25 @@ def test_without_its_worker_the_app_only_enqueues(shop: str) -> None:
 
 
 def test_the_async_tutorial_shows_this_app_as_it_is() -> None:
-    """Every python block of docs/tutorial/async.md is an excerpt of the app these tests
-    run: its lines (but comments of its own) appear in app.py, in the same order."""
-    page = (ROOT / "docs" / "tutorial" / "async.md").read_text(encoding="utf-8")
-    blocks = [block.split("\n```", 1)[0] for block in page.split("```python\n")[1:]]
-    assert len(blocks) == 3
+    """Every python block of the documentation whose skip marker names this test (the
+    async tutorial's three) is an excerpt of the app these tests run: its lines (but
+    comments of its own) appear in app.py, in the same order."""
+    this_test = "tests/db/test_fastapi_example.py::test_the_async_tutorial_shows_this_app_as_it_is"
+    blocks = [
+        block
+        for block in docsamples.all_blocks()
+        if block.lang == "python" and this_test in block.options.get("reason", "")
+    ]
+    assert [block.path for block in blocks] == ["docs/tutorial/async.md"] * 3
     app = [line.strip() for line in (ROOT / "examples/fastapi_app/app.py").read_text().splitlines()]
     for block in blocks:
-        lines = [line.strip() for line in block.splitlines()]
         position = 0
-        for line in lines:
+        for line in (line.strip() for line in block.code.splitlines()):
             if not line or (line.startswith("#") and line not in app):
                 continue
-            assert line in app[position:], f"not in app.py (or out of order): {line!r}"
+            assert line in app[position:], (
+                f"{block.where}: not in app.py (or out of order): {line!r}"
+            )
             position = app.index(line, position) + 1
 
 

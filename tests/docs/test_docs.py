@@ -13,9 +13,11 @@ tabs too, ``--8<-- "path"`` snippets included). How each kind of block is checke
 * ```` ```sh ````: every command is checked by its program. ``sqlaq`` and
   ``sqlaq-worker`` lines go through the real argument parsers, so a renamed flag fails;
   the read-only ``sqlaq`` subcommands also run against the test database. ``alembic``
-  lines go through Alembic's own parser. The set-up lines are not run (they install
-  packages): a ``nox`` command must appear verbatim in ``.ci/run``, and the quickstart
-  script runs against a fresh database.
+  lines go through Alembic's own parser. The set-up lines are not run (``pip install``
+  and ``pip wheel`` install or build packages; the extras and the wheel file they name
+  must be sqlaq's): a ``nox`` command must appear verbatim
+  in ``.ci/run`` (``nox -s bench``, minutes long, must name a session of noxfile.py),
+  and the quickstart script runs against a fresh database.
 * ```` ```ini ````: parsed; the ``[alembic]`` section must hold the settings that make
   sqlaq's branch visible, and Alembic, given them, must find sqlaq's head revision.
 * Blocks with no language or ``text`` (a diagram, sample output) are not run: their
@@ -66,11 +68,12 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import docsamples
@@ -337,9 +340,9 @@ def asyncio_worker_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
 @prelude("pytest-session")
 def pytest_session_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
     """``signup`` (the application code under test, which enqueues), a ``registry``
-    handling its job, and ``session``, the test's Session; then every ``test_*``
-    function the sample defines is called, with its arguments taken from the
-    namespace as pytest would take fixtures."""
+    handling its job, and ``sqlaq_session``, the test's Session (the plugin's fixture);
+    then every ``test_*`` function the sample defines is called, with its arguments
+    taken from the namespace as pytest would take fixtures."""
     welcomed: list[dict[str, Any]] = []
     registry = sqlaq.Registry()
     registry.add("send_welcome_email", welcomed.append)
@@ -348,13 +351,152 @@ def pytest_session_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
         sqlaq.enqueue(session, "send_welcome_email", {"email": email, "template": "welcome"})
 
     with Session(bind=clean_conn) as session:
-        namespace = {"signup": signup, "registry": registry, "session": session}
+        namespace = {"signup": signup, "registry": registry, "sqlaq_session": session}
         yield namespace
-        tests = [f for name, f in namespace.items() if name.startswith("test_")]
-        assert tests, "the sample defines no test function"
-        for test in tests:
-            test(**{name: namespace[name] for name in inspect.signature(test).parameters})
+        _call_test_functions(namespace)
     assert welcomed == [{"email": "ada@example.com", "template": "welcome"}]
+
+
+def _call_test_functions(namespace: dict[str, Any]) -> None:
+    """Call every ``test_*`` function a sample defined, with its arguments taken from
+    *namespace* as pytest would take fixtures."""
+    tests = [f for name, f in namespace.items() if name.startswith("test_")]
+    assert tests, "the sample defines no test function"
+    for test in tests:
+        test(**{name: namespace[name] for name in inspect.signature(test).parameters})
+
+
+class Shipping:
+    """The tutorial's ``myapp.shipping``: records the orders it shipped."""
+
+    def __init__(self) -> None:
+        self.shipped: list[int] = []
+
+    def ship(self, order_id: int) -> None:
+        self.shipped.append(order_id)
+
+
+@contextmanager
+def _myapp(**modules: dict[str, Any]) -> Iterator[ModuleType]:
+    """The tutorial's ``myapp`` package, importable for as long as a sample runs: one
+    module per keyword, holding the given names."""
+    package = ModuleType("myapp")
+    package.__path__ = []
+    installed = {"myapp": package}
+    for name, names in modules.items():
+        module = ModuleType(f"myapp.{name}")
+        module.__dict__.update(names)
+        setattr(package, name, module)
+        installed[f"myapp.{name}"] = module
+    saved = {name: sys.modules.get(name) for name in installed}
+    sys.modules.update(installed)
+    try:
+        yield package
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def _tutorial_place_order(session: Session, item: str) -> int:
+    """The tutorial's ``myapp.orders.place_order``, as its page writes it."""
+    order = Order(item=item)
+    session.add(order)
+    session.flush()
+    sqlaq.enqueue(session, "ship_order", {"order_id": order.id})
+    return order.id
+
+
+@prelude("tutorial-jobs")
+def tutorial_jobs_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
+    """``myapp.shipping`` importable; then the sample's registry runs a ``ship_order``
+    job through its handler, which ships the order, with the handler's max_attempts."""
+    shipping = Shipping()
+    with _myapp(shipping={"ship": shipping.ship}):
+        namespace: dict[str, Any] = {"__name__": "myapp.jobs"}
+        yield namespace
+    registry: sqlaq.Registry = namespace["registry"]
+    job_id = registry.enqueue(clean_conn, "ship_order", {"order_id": 7}).job_id
+    (result,) = drain(clean_conn, registry)
+    assert (result.id, result.status) == (job_id, "done"), result.error
+    assert shipping.shipped == [7]
+    max_attempts = "SELECT max_attempts FROM sqlaq_jobs WHERE id = :id"
+    assert clean_conn.execute(text(max_attempts), {"id": job_id}).scalar_one() == 10
+
+
+@prelude("tutorial-orders")
+def tutorial_orders_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database and ``myapp.models.Order`` (its table created for
+    the sample, dropped after); then the order and its job were committed together."""
+    HostBase.metadata.create_all(committed, checkfirst=False)
+    try:
+        with _myapp(models={"Order": Order}):
+            namespace: dict[str, Any] = {"engine": committed}
+            yield namespace
+        order_id = namespace["order_id"]
+        with committed.connect() as conn:
+            stored = conn.execute(select(Order.__table__.c.id, Order.__table__.c.item))
+            assert [tuple(row) for row in stored] == [(order_id, "book")]
+            assert [tuple(row) for row in _jobs(conn)] == [
+                ("ship_order", {"order_id": order_id}, "queued")
+            ]
+    finally:
+        HostBase.metadata.drop_all(committed)
+
+
+@prelude("tutorial-test")
+def tutorial_test_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
+    """The tutorial's ``myapp`` (``shipping``, ``jobs.registry`` handling ``ship_order``,
+    ``orders.place_order``) importable, its ``orders`` table created in the test's
+    transaction, and ``sqlaq_session``; then every ``test_*`` function the sample defines
+    is called as pytest would call it, and must have shipped one order."""
+    shipping = Shipping()
+    registry = sqlaq.Registry()
+    registry.add("ship_order", lambda payload: shipping.ship(payload["order_id"]))
+    HostBase.metadata.create_all(clean_conn, checkfirst=False)  # rolled back after
+    modules = {
+        "shipping": {"ship": shipping.ship, "shipped": shipping.shipped},
+        "jobs": {"registry": registry},
+        "orders": {"place_order": _tutorial_place_order},
+    }
+    with _myapp(**modules), Session(bind=clean_conn) as session:
+        namespace: dict[str, Any] = {"sqlaq_session": session}
+        yield namespace
+        _call_test_functions(namespace)
+    assert len(shipping.shipped) == 1
+
+
+@prelude("readme")
+def readme_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database, a host's ``orders`` table (Core) and an
+    ``Invoice`` model (ORM) on a table of its own, created for the sample and dropped
+    after; then the order, its invoice and the job's ``done`` (the invoice's id as its
+    result) have all committed."""
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Invoice(Base):
+        __tablename__ = "docs_invoices"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        order_id: Mapped[int]
+        total: Mapped[int]
+
+    HostBase.metadata.create_all(committed, checkfirst=False)
+    Base.metadata.create_all(committed)
+    try:
+        yield {"engine": committed, "orders": Order.__table__, "Invoice": Invoice}
+        with committed.connect() as conn:
+            assert conn.execute(text("SELECT id, item FROM orders")).all() == [(7, "book")]
+            (invoice,) = conn.execute(text("SELECT id, order_id, total FROM docs_invoices"))
+            job = conn.execute(text("SELECT kind, status, result FROM sqlaq_jobs")).one()
+        assert tuple(invoice)[1:] == (7, 120)
+        assert tuple(job) == ("issue_invoice", "done", invoice.id)
+    finally:
+        Base.metadata.drop_all(committed)
+        HostBase.metadata.drop_all(committed)
 
 
 def _jobs_module(**names: Any) -> dict[str, Any]:
@@ -761,20 +903,21 @@ _RUN_BY = re.compile(r"(?P<file>tests/[\w/]+\.py)::(?P<test>\w+)")
 
 def run_instead_by(reason: str) -> str | None:
     """Why *reason* does not name an existing test as ``tests/test_x.py::test_name``
-    (None when it does)."""
-    named = _RUN_BY.search(reason)
-    if named is None:
+    (None when it does; every test it names must exist)."""
+    named = list(_RUN_BY.finditer(reason))
+    if not named:
         return "the reason names no test that runs it instead (tests/test_x.py::test_name)"
-    test_file = ROOT / named["file"]
-    if not test_file.is_file():
-        return f"{named['file']} does not exist"
-    defined = {
-        node.name
-        for node in ast.walk(ast.parse(test_file.read_text(encoding="utf-8")))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-    }
-    if named["test"] not in defined:
-        return f"{named['file']} has no test {named['test']!r}"
+    for match in named:
+        test_file = ROOT / match["file"]
+        if not test_file.is_file():
+            return f"{match['file']} does not exist"
+        defined = {
+            node.name
+            for node in ast.walk(ast.parse(test_file.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        }
+        if match["test"] not in defined:
+            return f"{match['file']} has no test {match['test']!r}"
     return None
 
 
@@ -875,9 +1018,17 @@ def _check_alembic(argv: list[str], line: str, request: pytest.FixtureRequest) -
 def _check_in_ci(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert line in (ci_line.strip() for ci_line in ci), f"{line!r} is not a line of .ci/run"
+    assert argv[argv.index("-s") + 1] in _nox_sessions()
+
+
+def _check_nox_session(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    """A nox session that takes minutes (the benchmark): it must exist; not run here."""
+    assert argv[4] in _nox_sessions(), f"{line!r}: noxfile.py has no session {argv[4]!r}"
+
+
+def _nox_sessions() -> set[str]:
     noxfile = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
-    sessions = {node.name for node in noxfile.body if isinstance(node, ast.FunctionDef)}
-    assert argv[argv.index("-s") + 1] in sessions
+    return {node.name for node in noxfile.body if isinstance(node, ast.FunctionDef)}
 
 
 def _check_quickstart(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
@@ -897,8 +1048,19 @@ def _check_quickstart(argv: list[str], line: str, request: pytest.FixtureRequest
     assert re.search(r"^job \d+ is done$", run.stdout, re.MULTILINE), run.stdout
 
 
-def _not_run(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
-    """Installs packages into the running environment: not run by a test."""
+def _check_pip(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    """Installs or builds packages: not run by a test. The extras it names in brackets
+    must be sqlaq's, and a wheel file it names must be the one ``pip wheel`` builds
+    from this version."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    for arg in argv[4:]:
+        extras = re.search(r"\[([\w,-]+)\]$", arg)
+        if extras is not None:
+            unknown = set(extras[1].split(",")) - set(project["optional-dependencies"])
+            assert not unknown, f"{line!r}: sqlaq has no extra {sorted(unknown)}"
+        wheel = re.search(r"sqlaq-[^/\[]*\.whl", arg)
+        if wheel is not None:
+            assert wheel[0] == f"sqlaq-{project['version']}-py3-none-any.whl", line
 
 
 ShCheck = Callable[[list[str], str, pytest.FixtureRequest], None]
@@ -913,8 +1075,10 @@ def sh_rule(argv: list[str]) -> ShCheck | None:
             return _check_sqlaq_worker
         case ["alembic", *_]:
             return _check_alembic
-        case ["python3", "-m", "pip", "install", *_]:
-            return _not_run
+        case ["python3", "-m", "pip", "install" | "wheel", *_]:
+            return _check_pip
+        case ["python3", "-m", "nox", "-s", "bench", *_]:
+            return _check_nox_session
         case ["python3", "-m", "nox", "-s", *_]:
             return _check_in_ci
         case ["python3", "examples/quickstart.py"]:
@@ -1043,6 +1207,8 @@ def test_a_skip_reason_must_name_an_existing_test() -> None:
     assert run_instead_by("tests/test_nothing_here.py::test_x runs it") is not None
     assert run_instead_by("tests/docs/test_docs.py::test_no_such_test runs it") is not None
     assert run_instead_by("tests/docs/test_docs.py::test_sample runs it") is None
+    both = "tests/docs/test_docs.py::test_sample and tests/docs/test_docs.py::test_no_such_test"
+    assert run_instead_by(both) is not None
 
 
 def test_blocks_are_found_in_admonitions_tabs_and_snippets() -> None:

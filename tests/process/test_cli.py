@@ -15,6 +15,7 @@ from dataclasses import fields
 from datetime import timedelta
 from typing import Any
 
+import docsamples
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
@@ -142,6 +143,9 @@ def test_missing_database_url_or_bad_variable_is_one_line_exit_2(database_url: s
 def test_database_without_the_schema_is_one_line_exit_2(empty_database_url: str) -> None:
     result = run_cli("worker_app:registry", database_url=empty_database_url)
     assert_usage_error(result, "schema is not installed", "alembic upgrade heads", "sqlaq migrate")
+    # The documentation shows this very line as the example of a configuration error.
+    (shown,) = docsamples.find_blocks("", "sqlaq-worker: error: sqlaq's schema is not installed")
+    assert shown.code.strip() == result.stderr.strip(), shown.where
 
 
 # -- running ---------------------------------------------------------------------------

@@ -14,12 +14,19 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 MARKER = 'pytest_plugins = ["sqlaq.testing.pytest_plugin"]'
+THIS_FILE = "tests/process/test_pytest_plugin.py::"
 
 
-def readme_test_modules() -> list[str]:
-    """The documentation's python blocks that enable the plugin: the sync and the async
-    one (wherever they are: README.md or a page under docs/)."""
-    modules = [block.code for block in docsamples.find_blocks("python", MARKER)]
+def documented_test_modules() -> list[str]:
+    """The documentation's complete test modules that enable the plugin, the sync and the
+    async one, wherever they are (README.md or a page under docs/): the python blocks
+    holding the plugin's line whose skip marker says this file runs them. (A tutorial's
+    test module that runs in tests/docs/test_docs.py, in its prelude, is not one.)"""
+    modules = [
+        block.code
+        for block in docsamples.find_blocks("python", MARKER)
+        if "skip" in block.options and THIS_FILE in block.options.get("reason", "")
+    ]
     assert len(modules) == 2, "expected the sync and the async test module in the docs"
     return modules
 
@@ -37,8 +44,8 @@ def leftover_databases(server_url: str) -> list[str]:
 
 
 @pytest.mark.timeout(120)
-def test_the_readme_test_modules_pass_with_the_plugin(server_url: str, tmp_path: Path) -> None:
-    sync, async_ = readme_test_modules()
+def test_the_documented_test_modules_pass_with_the_plugin(server_url: str, tmp_path: Path) -> None:
+    sync, async_ = documented_test_modules()
     (tmp_path / "test_jobs.py").write_text(sync)
     (tmp_path / "test_async_jobs.py").write_text(async_)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SQLAQ_", "PYTEST_"))}
@@ -58,7 +65,7 @@ def test_the_readme_test_modules_pass_with_the_plugin(server_url: str, tmp_path:
 
 
 def test_without_a_server_the_plugin_says_what_to_set(tmp_path: Path) -> None:
-    (tmp_path / "test_jobs.py").write_text(readme_test_modules()[0])
+    (tmp_path / "test_jobs.py").write_text(documented_test_modules()[0])
     env = {
         k: v
         for k, v in os.environ.items()
@@ -79,7 +86,7 @@ def test_without_a_server_the_plugin_says_what_to_set(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_an_async_database_url_is_used_with_psycopg(server_url: str, tmp_path: Path) -> None:
     """An async application's ``DATABASE_URL`` (asyncpg) works as it is."""
-    sync, async_ = readme_test_modules()
+    sync, async_ = documented_test_modules()
     (tmp_path / "test_jobs.py").write_text(sync)
     (tmp_path / "test_async_jobs.py").write_text(async_)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SQLAQ_", "PYTEST_"))}
