@@ -269,8 +269,9 @@ class Sessions:
                 self.async_ = sessionmaker
                 async_bind = getattr(sessionmaker, "kw", {}).get("bind")
                 inner = getattr(async_bind, "sync_engine", None)
-                if inner is not None:  # an AsyncEngine: its pool must hold the handlers
-                    pool.check(inner, {"async transactional handlers": self.concurrency})
+                if inner is not None:  # an AsyncEngine: its pool must hold the handlers,
+                    # the default concurrency lowered to fit, as for sync handlers
+                    self.concurrency = _fit_pool(inner, self.concurrency, {})
             else:
                 self.async_ = self._default_async(engine, self.concurrency)
 
