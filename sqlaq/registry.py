@@ -92,7 +92,9 @@ class HandlerOptions(TypedDict, total=False):
             "timed out after ..."), due again no sooner than its lease length, so
             another worker takes it only once the lease it held has run out; its
             slot stays taken until the thread returns, and whatever it returns
-            then is not written.
+            then is not written. A sync handler that returns after its deadline
+            has timed out all the same, never done; a transactional one has its
+            transaction rolled back.
     """
 
     max_attempts: int
