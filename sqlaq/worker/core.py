@@ -187,8 +187,8 @@ class Worker:
         On stop: claim nothing more, let running jobs finish within the grace period,
         write their outcomes, then hand the rest back to the queue.
         """
-        self._start()
         try:
+            self._start()
             while not self._stopping.is_set():
                 self._step(claiming=True)
                 if self.config.burst and self._quiet():
@@ -254,6 +254,7 @@ class Worker:
 
     def _start(self) -> None:
         config = self.config
+        self._fetcher.check_where()  # a where the table refuses: ConfigError, nothing started
         self._wake.open()
         _log.info(
             "worker started",
