@@ -84,14 +84,16 @@ def test_the_limited_claim_honours_where(committed: Engine) -> None:
 
 
 def test_sql_text_is_a_condition_too(committed: Engine) -> None:
-    _enqueue(committed, "a_plain", ["us"] * 5, priority=5)
-    _enqueue(committed, "b_plain", ["eu", "us"] * 5)
+    _enqueue(committed, "a_plain", ["us"] * 5, priority=5, queue="other")
+    _enqueue(committed, "b_plain", ["e%:u", "us"] * 5)
     ran: list[tuple[str, str]] = []
-    # An OR stays inside the condition: the us jobs of a_plain match neither side once
-    # AND-ed with the claim's own predicates.
-    where = "payload->>'region' = 'eu' OR kind = 'nothing:here'"
+    # The text is taken as written: a percent sign is a percent sign, a colon never a
+    # bind parameter. Its OR stays inside it: the other queue's jobs match its second
+    # half, not the claim's queue.
+    where = "payload->>'region' = 'e%:u' OR kind = 'a_plain'"
     sqlaq.Worker(committed, _registry(ran), where=where, concurrency=2, burst=True).run()
-    assert sorted(ran) == [("b_plain", "eu")] * 5
+    assert sorted(ran) == [("b_plain", "e%:u")] * 5
+    assert _statuses(committed)[("a_plain", "us", "queued")] == 5
 
 
 @pytest.mark.parametrize(
