@@ -10,7 +10,12 @@ must not read the environment (only the commands do) nor touch a database.
 
 from __future__ import annotations
 
+<<<<<<< HEAD
 from collections.abc import Sequence
+=======
+import difflib
+from collections.abc import Iterable
+>>>>>>> main
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -42,11 +47,14 @@ __all__ = [
     "DEFAULT_QUEUES",
     "DEFAULT_RETAIN_DONE",
     "DEFAULT_RETAIN_FAILED",
+    "DEFAULT_START_TIMEOUT",
     "MAX_CONCURRENCY",
     "WORKER_OPTIONS",
     "WorkerConfig",
+    "check_options",
 ]
 
+#: The queues a worker serves when none is named: ``("default",)``.
 DEFAULT_QUEUES: tuple[str, ...] = (DEFAULT_QUEUE,)
 #: Jobs run at once, at most: sync handlers each hold a thread, async ones a slot on the
 #: loop. A ceiling, not a cost: threads start only as jobs need them (ten due jobs start
@@ -58,6 +66,8 @@ DEFAULT_CONCURRENCY = 100
 DEFAULT_POLL_INTERVAL = timedelta(seconds=5)
 #: How long a stopping worker lets running jobs finish before handing them back.
 DEFAULT_GRACE_PERIOD = timedelta(seconds=30)
+#: How long a starting worker retries a database that is unavailable (restarting).
+DEFAULT_START_TIMEOUT = timedelta(seconds=30)
 #: How often the maintenance thread runs: periodic jobs are also enqueued at each slot
 #: boundary, whatever the interval; the leader prunes and sweeps once per interval.
 DEFAULT_MAINTENANCE_INTERVAL = timedelta(seconds=60)
@@ -114,6 +124,11 @@ class WorkerConfig:
             10 ms).
         grace_period: On stop, how long running jobs may finish before they are handed
             back to the queue (status queued, due now, attempt refunded).
+        start_timeout: At start, how long to keep retrying a database that is
+            unavailable (a server restarting, refused or dropped connections: the
+            transient faults of :func:`sqlaq.transient.is_transient`) before giving up
+            with :class:`~sqlaq.errors.DatabaseUnavailableError`; 0 tries once. Other
+            faults (no schema, missing privileges) fail at once.
         burst: Run what is due, then stop (instead of waiting for more).
         listen: Wake on ``NOTIFY`` through a dedicated LISTEN connection. Without it the
             worker relies on polling alone.
@@ -190,6 +205,14 @@ class WorkerConfig:
             Duration(), "on stop, how long running jobs may finish before they are handed back"
         ),
     )
+    start_timeout: timedelta = field(
+        default=DEFAULT_START_TIMEOUT,
+        metadata=_option(
+            Duration(),
+            "at start, how long to retry a database that is unavailable (restarting) "
+            "before exiting 1",
+        ),
+    )
     burst: bool = field(default=False, metadata=_option(Boolean(), "run what is due, then exit 0"))
     listen: bool = field(
         default=True, metadata=_option(Boolean(), "wake on NOTIFY (--no-listen: poll only)")
@@ -264,13 +287,7 @@ class WorkerConfig:
         Raises:
             ConfigError: an option is unknown or has an unusable value.
         """
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown worker option(s): {', '.join(unknown)}; "
-                f"known options are {', '.join(sorted(known))}"
-            )
+        check_options(options)
         current = {f.name: getattr(base, f.name) for f in fields(cls)} if base else {}
         return cls(**{**current, **options})
 
@@ -279,6 +296,28 @@ class WorkerConfig:
         """How often leases are renewed: a third of the lease, so two renewals may fail
         (a database blip, a busy host) before the lease runs out."""
         return self.lease / 3
+
+
+def check_options(given: Iterable[str], *, also: Iterable[str] = ()) -> None:
+    """Refuse names in *given* that are not worker options (nor in *also*, the other
+    keyword arguments the caller takes).
+
+    Raises:
+        ConfigError: one line naming each unknown option, the closest known name
+            (``did you mean 'concurrency'?``) and every declared option.
+    """
+    known = [option.name for option in WORKER_OPTIONS]
+    candidates = [*known, *also]
+    unknown = sorted(set(given) - set(candidates))
+    if not unknown:
+        return
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, candidates, n=1)
+        named.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    raise ConfigError(
+        f"unknown worker option(s): {', '.join(named)}; the options are {', '.join(sorted(known))}"
+    )
 
 
 #: The options of :class:`WorkerConfig`, in field order, as declared on its fields: what

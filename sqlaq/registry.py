@@ -239,7 +239,8 @@ class Registry:
             kind: The job's kind; default the function's name.
             payload: The job's payload (the same for every slot).
             name: Unique name of this schedule; default the kind.
-            queue, priority: The job's.
+            queue: The job's queue.
+            priority: The job's priority.
             max_attempts: The job's; default the handler's.
             backfill: After a time with no worker running, enqueue every missed slot
                 (the latest 1000), not only the latest one.

@@ -45,6 +45,7 @@ WINDOWS: Mapping[int, timedelta] = {
     12: timedelta(minutes=5),
     24: timedelta(minutes=10),
 }
+#: Every job status, in :class:`~sqlaq.JobStatus` order: the columns of the counts.
 STATUSES = tuple(s.value for s in JobStatus)
 #: The outcomes of the throughput plot, in the order of its series.
 OUTCOMES = tuple(s.value for s in (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED))

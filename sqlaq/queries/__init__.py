@@ -58,6 +58,7 @@ from sqlaq.queries.catalog import (
     catalog_tables_stmt,
     catalog_triggers_stmt,
     has_schema_revision_stmt,
+    ping_stmt,
     privileges_stmt,
     schema_revision_stmt,
 )
@@ -236,6 +237,7 @@ __all__ = [
     "periodic_insert_stmt",
     "periodic_lock_stmt",
     "periodic_slots_stmt",
+    "ping_stmt",
     "privileges_stmt",
     "prune_stmt",
     "prune_unique_holds_stmt",

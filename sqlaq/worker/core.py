@@ -40,11 +40,14 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
+import psycopg
 from sqlalchemy import Engine, create_engine
+from sqlalchemy import exc as sa_exc
 
 from sqlaq import ops, queries
-from sqlaq.config import WorkerConfig
-from sqlaq.errors import ConfigError
+from sqlaq.config import WorkerConfig, check_options
+from sqlaq.dsn import ASYNC_DRIVERS, SYNC_DRIVER, sync_url
+from sqlaq.errors import ConfigError, SchemaOutOfDateError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -59,6 +62,7 @@ from sqlaq.worker.listener import Listener, Waker, connection_params
 from sqlaq.worker.pacing import Pace
 from sqlaq.worker.run import Finished, JobResult, Run, timed_out
 from sqlaq.worker.runner import Runner
+from sqlaq.worker.startup import schema_mismatch, start_check
 from sqlaq.worker.transaction import Sessions
 from sqlaq.worker.vacuum import DrainVacuum
 from sqlaq.worker.writer import Batch, Writer, Written
@@ -69,7 +73,9 @@ _log = logging.getLogger("sqlaq.worker")
 
 #: After the grace period, how long to keep trying to write outcomes and hand jobs back.
 FINAL_WRITE_SECONDS = 5.0
+#: The ``application_name`` of a worker's connections (``pg_stat_activity`` shows it).
 WORKER_APPLICATION_NAME = "sqlaq-worker"
+#: The ``application_name`` of a worker's LISTEN connection.
 LISTENER_APPLICATION_NAME = "sqlaq-listener"
 
 
@@ -108,6 +114,15 @@ class Worker:
 
     Raises:
         ConfigError: an option is unknown or unusable.
+
+    Starting (:meth:`run`, :meth:`run_async`, ``async with``) first checks the database,
+    whichever way the worker runs (:mod:`sqlaq.worker.startup`): its schema must be at
+    this sqlaq's head and its role must hold the privileges a worker needs, or the start
+    fails with :class:`~sqlaq.errors.SchemaOutOfDateError` or
+    :class:`~sqlaq.errors.ConfigError`; a database that is unavailable (restarting) is
+    retried for ``start_timeout``, then :class:`~sqlaq.errors.DatabaseUnavailableError`.
+    If the schema changes under a running worker (a downgrade), it logs one line, stops
+    gracefully and raises :class:`~sqlaq.errors.SchemaOutOfDateError`.
     """
 
     def __init__(
@@ -122,6 +137,7 @@ class Worker:
         **options: Any,
     ) -> None:
         if options or config is None:
+            check_options(options, also=_KEYWORDS)
             config = WorkerConfig.from_options(config, **options)
         self.config = config
         self._own_engine = not isinstance(engine, Engine)
@@ -186,18 +202,60 @@ class Worker:
 
         On stop: claim nothing more, let running jobs finish within the grace period,
         write their outcomes, then hand the rest back to the queue.
+
+        Raises:
+            SchemaOutOfDateError: at start, or once the schema changed under the worker
+                (after a graceful stop).
+            ConfigError: at start, the role lacks privileges or ``listen_url`` reaches
+                another database.
+            DatabaseUnavailableError: at start, the database stayed unavailable for
+                ``start_timeout``.
         """
+        changed: SchemaOutOfDateError | None = None
         try:
+            config = self.config
+            if not start_check(
+                self._engine,
+                listen_url=config.listen_url,
+                start_timeout=config.start_timeout,
+                interrupted=self._stopping,
+            ):
+                return  # stopped while the database was away: never started
             self._start()
             while not self._stopping.is_set():
-                self._step(claiming=True)
-                if self.config.burst and self._quiet():
+                try:
+                    self._step(claiming=True)
+                except _DATABASE_ERRORS as exc:
+                    changed = self._schema_changed(exc)
+                    if changed is None:
+                        raise
+                    break
+                if config.burst and self._quiet():
                     break
                 self._sleep()
-            self._shutdown()
+            self._shutdown(changed)
         finally:
             self._close()
             self.stopped.set()
+        if changed is not None:
+            raise changed
+
+    def _schema_changed(self, error: Exception) -> SchemaOutOfDateError | None:
+        """If *error*, which no wait cures, comes from the schema having changed under
+        the worker (``alembic downgrade``), say so in one line and stop; else None."""
+        if is_transient(error):
+            return None
+        mismatch = schema_mismatch(self._engine)
+        if mismatch is not None:
+            _log.error(
+                "the database schema changed under the worker (%s): stopping; %s",
+                describe(
+                    error.__cause__ or error if isinstance(error, SchemaOutOfDateError) else error
+                ),
+                mismatch,
+            )
+            self._stopping.set()
+        return mismatch
 
     async def run_async(self) -> None:
         """:meth:`run` inside an asyncio application: ``async`` handlers run on the
@@ -214,7 +272,13 @@ class Worker:
             await asyncio.shield(thread)
         except asyncio.CancelledError:
             self.stop()
-            await thread
+            try:
+                await asyncio.shield(thread)
+            except asyncio.CancelledError:
+                # Cancelled again (a second Ctrl-C): hand running jobs back at once.
+                _log.warning("worker cancelled again: handing running jobs back now")
+                self.stop(now=True)
+                await thread
             raise
 
     async def __aenter__(self) -> Worker:
@@ -434,7 +498,8 @@ class Worker:
         if batch.error is not None:
             if not is_transient(batch.error):
                 # Not the database being away, and not one row (the writer wrote those
-                # one by one): a fault of the worker itself.
+                # one by one): a fault of the worker itself, or a changed schema.
+                self._unwritten[:0] = batch.unwritten()
                 raise batch.error
             self._unwritten[:0] = batch.unwritten()  # written again, in order, once back
             self._back_off(batch.error)
@@ -547,9 +612,27 @@ class Worker:
 
     # -- stopping ------------------------------------------------------------------
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, changed: SchemaOutOfDateError | None = None) -> None:
         """Claim nothing more; let running jobs finish within the grace period, then
-        write what finished and hand the rest back."""
+        write what finished and hand the rest back.
+
+        With the schema *changed* under the worker, a statement that fails for it is
+        logged, not raised: what is not written runs again once its lease ends."""
+        if changed is None:
+            self._drain()
+            return
+        try:
+            self._drain()
+        except _DATABASE_ERRORS as exc:
+            if is_transient(exc):
+                raise
+            _log.error(
+                "could not write every outcome on the changed schema (%s); those jobs run "
+                "again once their leases end",
+                describe(exc),
+            )
+
+    def _drain(self) -> None:
         self._interrupt.clear()
         if self._forced:
             self._interrupt.set()
@@ -635,14 +718,18 @@ class Worker:
         self._wake.close()
         if self._own_engine:
             self._engine.dispose()
-        _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})
+        if self.started.is_set():
+            _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})
 
 
-#: The sync driver used for a URL of each async one.
-SYNC_DRIVERS = {
-    "postgresql+psycopg_async": "postgresql+psycopg",
-    "postgresql+asyncpg": "postgresql+psycopg",
-}
+#: A statement's failure, from SQLAlchemy or (precompiled statements) from psycopg itself.
+#: A statement's failure: the driver's, or sqlaq's translation of a missing table or
+#: column (:func:`sqlaq.drive.schema_error`).
+_DATABASE_ERRORS = (sa_exc.DBAPIError, psycopg.Error, SchemaOutOfDateError)
+
+#: The Worker's keyword arguments besides its options (for the did-you-mean of an
+#: unknown one).
+_KEYWORDS = ("config", "on_job_finished", "on_job_started", "sessionmaker")
 
 
 def sync_engine(engine: object) -> Engine:
@@ -662,11 +749,10 @@ def sync_engine(engine: object) -> Engine:
             f"sqlaq.Worker needs a SQLAlchemy Engine or AsyncEngine, got {type(engine).__name__}"
         )
     url = inner.url
-    driver = SYNC_DRIVERS.get(url.drivername)
-    if driver is None:
+    if url.drivername not in ASYNC_DRIVERS:
         raise ConfigError(
             f"sqlaq.Worker cannot use the async driver {url.drivername!r}; "
             "use postgresql+psycopg_async:// or postgresql+asyncpg://"
         )
-    _log.info("worker connects with %s (sync) to the AsyncEngine's database", driver)
-    return create_engine(url.set(drivername=driver), pool_pre_ping=True)
+    _log.info("worker connects with %s (sync) to the AsyncEngine's database", SYNC_DRIVER)
+    return create_engine(sync_url(url), pool_pre_ping=True)

@@ -19,12 +19,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from datetime import timedelta
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from sqlalchemy import Engine
 
-from sqlaq import ops
+from sqlaq import ops, queries
 from sqlaq.config import DEFAULT_CONCURRENCY
 from sqlaq.context import bind, unbind
 from sqlaq.errors import ConfigError
@@ -32,16 +33,27 @@ from sqlaq.outcome import LOST, Outcome, Verdict, decide
 from sqlaq.registry import Registry
 from sqlaq.results import complete_with_result
 from sqlaq.schema import JobStatus
+from sqlaq.transient import describe, is_transient
 from sqlaq.worker.run import Finished, Run, bounded
 
 if TYPE_CHECKING:  # imported where a transactional handler needs it: a worker without
     from sqlalchemy.orm import Session  # one never loads sqlalchemy.orm
 
-__all__ = ["AsyncSessionFactory", "SessionFactory", "Sessions", "run_async", "run_sync"]
+__all__ = [
+    "HANDED_BACK",
+    "AsyncSessionFactory",
+    "SessionFactory",
+    "Sessions",
+    "check_connection",
+    "run_async",
+    "run_sync",
+]
 
 #: Makes the session of one job's transaction: a ``sessionmaker`` (or any callable
 #: returning a Session usable as a context manager).
 SessionFactory: TypeAlias = "Callable[[], AbstractContextManager[Session]]"
+#: Makes the session of one async job's transaction: an ``async_sessionmaker`` (or any
+#: callable returning an AsyncSession usable as an async context manager).
 AsyncSessionFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
 
@@ -50,6 +62,49 @@ _log = logging.getLogger(__name__)
 
 class _LeaseGone(Exception):
     """Rolls a transactional attempt back: its completion matched no row."""
+
+
+class _ConnectionLost(Exception):
+    """The session's connection was found dead before the handler ran."""
+
+
+#: A run whose session's connection was lost before its handler ran: back to the queue,
+#: due now, its attempt refunded (the handler never ran: not its failure).
+HANDED_BACK = Outcome(Verdict.SNOOZED, delay=timedelta(0))
+
+
+def check_connection(session: Session) -> None:
+    """Ping the connection *session*'s transaction runs on, in that transaction, before
+    the handler runs (what ``pool_pre_ping`` does at checkout, for a pool the host made
+    without it): once it answers, the transaction is open and what follows is the
+    handler's.
+
+    Only a connection the session took from an engine's pool, before anything ran on
+    it: a session joined to a caller's connection (a test's drain) is left alone.
+
+    Raises:
+        _ConnectionLost: the connection is gone (invalidated: the pool replaces it).
+    """
+    if not isinstance(session.get_bind(), Engine):
+        return
+    connection = session.connection()
+    try:
+        connection.execute(queries.ping_stmt())
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        if not connection.invalidated:
+            connection.invalidate(exc)
+        raise _ConnectionLost(describe(exc)) from exc
+
+
+def _handed_back(run: Run, error: _ConnectionLost, started: float) -> Finished:
+    _log.warning(
+        "job handed back: its session's connection was lost before the handler ran (%s)",
+        error,
+        extra=run.log_extra(),
+    )
+    return Finished(run, HANDED_BACK, perf_counter() - started)
 
 
 class _NotStored(Exception):
@@ -105,12 +160,15 @@ def run_sync(run: Run, sessions: SessionFactory) -> Finished:
     started = perf_counter()
     try:
         with sessions() as session, session.begin():
+            check_connection(session)
             context._set_session(session)
             outcome = _judge(run, _call(run, session))
             if not complete_in(session, run, outcome):
                 raise _LeaseGone
     except _LeaseGone:
         return _settled(run, LOST, started, completed=False)
+    except _ConnectionLost as exc:
+        return _handed_back(run, exc, started)
     except BaseException as exc:  # the transaction rolled back; the failure is written later
         return _failed(run, exc, started)
     finally:
@@ -128,6 +186,7 @@ async def run_async(run: Run, sessions: AsyncSessionFactory) -> Finished:
     started = perf_counter()
     try:
         async with sessions() as session, session.begin():
+            await session.run_sync(check_connection)
             context._set_session(session)
             returned = await bounded(cast(Any, _call(run, session)), run.timeout)
             outcome = _judge(run, returned)
@@ -135,6 +194,8 @@ async def run_async(run: Run, sessions: AsyncSessionFactory) -> Finished:
                 raise _LeaseGone
     except _LeaseGone:
         return _settled(run, LOST, started, completed=False)
+    except _ConnectionLost as exc:
+        return _handed_back(run, exc, started)
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():

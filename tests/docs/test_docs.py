@@ -1,32 +1,53 @@
-"""Every code sample in README.md runs here, one test case per fenced block.
+"""Every code sample of the documentation runs here, one test case per fenced block.
 
-How each kind of block is checked:
+The documentation is README.md, every page under docs/, and the Markdown files those
+include (tests/docsamples.py finds the blocks: indented ones inside admonitions and
+tabs too, ``--8<-- "path"`` snippets included). How each kind of block is checked:
 
-* ```` ```python ````: executed for real against the test database. A fragment that
-  assumes names (``engine``, ``orders``, ``registry``, ``mailer``...) is preceded in the
-  README by a marker naming the prelude that provides them::
-
-      <!-- docs-test: prelude=host -->
-
-  A prelude (below, in ``PRELUDES``) is a context manager: it sets up real tables and
-  small recording stubs, yields the namespace the sample runs in, then checks what the
-  sample did (a handler ran, a row was written) and cleans up. A block that cannot run
-  at all is marked ``<!-- docs-test: skip reason="..." -->``: every dotted name it takes
-  from a module it imports must exist (``sqlaq.migrations.include_name``), then its case
-  is skipped with the reason.
+* ```` ```python ````: executed for real against the test database, in the namespace a
+  *prelude* gives it (see "Adding a prelude" below). A block that cannot run here is
+  marked ``<!-- docs-test: skip reason="..." -->``, and the reason must name the test
+  that runs it instead, as ``tests/test_x.py::test_name`` (the file and the test must
+  exist); every dotted name it takes from a module it imports must exist too
+  (``sqlaq.migrations.include_name``). Its case is then skipped with the reason.
 * ```` ```sh ````: every command is checked by its program. ``sqlaq`` and
   ``sqlaq-worker`` lines go through the real argument parsers, so a renamed flag fails;
   the read-only ``sqlaq`` subcommands also run against the test database. ``alembic``
   lines go through Alembic's own parser. The set-up lines are not run (they install
-  packages): the test command must appear verbatim in ``.ci/run``, and the quickstart
+  packages): a ``nox`` command must appear verbatim in ``.ci/run``, and the quickstart
   script runs against a fresh database.
 * ```` ```ini ````: parsed; the ``[alembic]`` section must hold the settings that make
   sqlaq's branch visible, and Alembic, given them, must find sqlaq's head revision.
-* Blocks with no language (a diagram, sample output) are not run: their cases are
-  skipped with the reason, so ``pytest -ra`` lists them.
+* Blocks with no language or ``text`` (a diagram, sample output) are not run: their
+  cases are skipped with the reason, so ``pytest -ra`` lists them.
 
 A python, sh or ini block (or a command) that no rule covers fails its case, so a new
-sample cannot go untested by accident.
+sample cannot go untested by accident. Other languages (``toml``, ``json``, ``yaml``...)
+fail too until a rule is added in ``RUNNERS``.
+
+Adding a prelude
+----------------
+
+A prelude is a generator registered with ``@prelude("name")`` (below, with the others):
+its parameters are pytest fixtures (``committed``, ``clean_conn``, ``caplog``...); it sets
+up real tables and small recording stubs, yields the dict the sample runs in, then checks
+what the sample did (a handler ran, a row was written) and cleans up. A python block
+picks its prelude in one of two ways:
+
+1. A marker right before the block (blank lines allowed between; inside an admonition
+   or tab, indent it like the block)::
+
+       <!-- docs-test: prelude=name -->
+
+2. For every block of a page, or of one section of a page, without markers: name them
+   when registering, ``@prelude("name", pages=["docs/how-to/limits.md"])`` or
+   ``pages=[("docs/how-to/limits.md", "Per-kind limits")]`` (the heading's text). A
+   marker wins over this.
+
+Blocks that build on each other (a tutorial) can share one namespace: a prelude may run
+the page's earlier blocks itself with :func:`earlier_blocks`. A test that runs a
+sample its own way finds it with ``docsamples.find_blocks(lang, contains)``, and the
+sample's marker names that test in its skip reason.
 """
 
 from __future__ import annotations
@@ -48,15 +69,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import docsamples
 import pytest
 from alembic.config import CommandLine, Config
 from alembic.script import ScriptDirectory
+from docsamples import Block
 from sqlalchemy import Connection, Engine, String, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -64,110 +85,52 @@ import sqlaq
 from sqlaq import Job, admin, cli
 from sqlaq.testing import drain
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-
-# -- the README's blocks -------------------------------------------------------------
-
-_FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
-_MARKER = re.compile(r"^\s*<!--\s*docs-test:(?P<options>.*?)-->\s*$")
-_HEADING = re.compile(r"^#{1,6}\s+(?P<title>.+?)\s*$")
-
-
-@dataclass(frozen=True)
-class Block:
-    """One fenced code block of the README."""
-
-    index: int
-    line: int  # of the opening fence, 1-based
-    heading: str
-    lang: str
-    code: str  # dedented to the fence's indentation
-    options: dict[str, str] = field(default_factory=dict)  # from its docs-test marker
-
-    @property
-    def id(self) -> str:
-        slug = re.sub(r"[^a-z0-9]+", "-", self.heading.lower()).strip("-")
-        return f"{self.index:02d}-{slug}-{self.lang or 'text'}"
-
-    @property
-    def where(self) -> str:
-        return f"README.md:{self.line} ({self.lang or 'no language'} block under {self.heading!r})"
-
-
-@dataclass
-class Readme:
-    blocks: list[Block]
-    stray_markers: list[int]  # lines of markers not followed by a block
-
-
-def _marker_options(text: str) -> dict[str, str]:
-    options = {}
-    for token in shlex.split(text):
-        key, _, value = token.partition("=")
-        options[key] = value
-    return options
-
-
-def parse_readme(source: str) -> Readme:
-    """The fenced blocks, each with its heading and the marker just before it."""
-    blocks: list[Block] = []
-    stray: list[int] = []
-    heading = "(top)"
-    marker: tuple[int, dict[str, str]] | None = None
-    lines = source.splitlines()
-    number = 0
-    while number < len(lines):
-        line = lines[number]
-        number += 1
-        fence = _FENCE.match(line)
-        if fence:
-            indent = len(fence["indent"])
-            start = number
-            body: list[str] = []
-            while number < len(lines) and lines[number].strip() != "```":
-                text_line = lines[number]
-                body.append(text_line[indent:] if text_line[:indent] == " " * indent else "")
-                number += 1
-            number += 1  # the closing fence
-            options = marker[1] if marker else {}
-            marker = None
-            code = "\n".join(body) + "\n"
-            blocks.append(Block(len(blocks), start, heading, fence["lang"], code, options))
-        elif match := _MARKER.match(line):
-            if marker:
-                stray.append(marker[0])
-            marker = (number, _marker_options(match["options"]))
-        elif line.strip():
-            if marker:
-                stray.append(marker[0])
-                marker = None
-            if title := _HEADING.match(line):
-                heading = title["title"]
-    if marker:
-        stray.append(marker[0])
-    return Readme(blocks, stray)
-
-
-README_DOC = parse_readme(README.read_text(encoding="utf-8"))
-BLOCKS = README_DOC.blocks
+ROOT = docsamples.ROOT
+BLOCKS = docsamples.all_blocks()
+DOCUMENTS = [docsamples.load(path) for path in docsamples.documentation_files()]
 
 
 # -- preludes for python blocks ------------------------------------------------------
 
 Prelude = Callable[..., AbstractContextManager[dict[str, Any]]]
 PRELUDES: dict[str, Prelude] = {}
+#: The prelude of the python blocks without a marker, by (file, heading), or by
+#: (file, None) for a whole page: what ``@prelude(name, pages=[...])`` registers.
+PAGE_PRELUDES: dict[tuple[str, str | None], str] = {}
 
 
-def prelude(name: str) -> Callable[[Callable[..., Iterator[dict[str, Any]]]], Prelude]:
+def prelude(
+    name: str, pages: tuple[str | tuple[str, str], ...] | list[str | tuple[str, str]] = ()
+) -> Callable[[Callable[..., Iterator[dict[str, Any]]]], Prelude]:
     """Register a prelude: a generator taking fixtures by name, yielding the namespace a
-    sample runs in, then checking what the sample did."""
+    sample runs in, then checking what the sample did. *pages* names the files (or
+    ``(file, heading)`` sections) whose unmarked python blocks it serves."""
 
     def register(func: Callable[..., Iterator[dict[str, Any]]]) -> Prelude:
+        assert name not in PRELUDES, f"two preludes named {name!r}"
         PRELUDES[name] = contextmanager(func)
+        for where in pages:
+            key = (where, None) if isinstance(where, str) else where
+            assert key not in PAGE_PRELUDES, f"{key} has two preludes"
+            PAGE_PRELUDES[key] = name
         return PRELUDES[name]
 
     return register
+
+
+def prelude_of(block: Block) -> str | None:
+    """The name of *block*'s prelude: its marker's, else its section's, else its page's."""
+    return (
+        block.options.get("prelude")
+        or PAGE_PRELUDES.get((block.path, block.heading))
+        or PAGE_PRELUDES.get((block.path, None))
+    )
+
+
+def earlier_blocks(block: Block) -> list[Block]:
+    """The python blocks of *block*'s page before it: for a prelude that runs a
+    tutorial's earlier steps (``exec`` each, in order, into the namespace)."""
+    return [b for b in docsamples.load(block.path).blocks[: block.index] if b.lang == "python"]
 
 
 @pytest.fixture
@@ -792,24 +755,53 @@ def _resolves(dotted: str) -> bool:
     return True
 
 
+#: How a skip reason names the test that runs the block instead.
+_RUN_BY = re.compile(r"(?P<file>tests/[\w/]+\.py)::(?P<test>\w+)")
+
+
+def run_instead_by(reason: str) -> str | None:
+    """Why *reason* does not name an existing test as ``tests/test_x.py::test_name``
+    (None when it does)."""
+    named = _RUN_BY.search(reason)
+    if named is None:
+        return "the reason names no test that runs it instead (tests/test_x.py::test_name)"
+    test_file = ROOT / named["file"]
+    if not test_file.is_file():
+        return f"{named['file']} does not exist"
+    defined = {
+        node.name
+        for node in ast.walk(ast.parse(test_file.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
+    if named["test"] not in defined:
+        return f"{named['file']} has no test {named['test']!r}"
+    return None
+
+
 def _python(block: Block, request: pytest.FixtureRequest) -> None:
     if "skip" in block.options:
+        problem = run_instead_by(block.options.get("reason", ""))
+        assert problem is None, f"{block.where}: skipped, but {problem}"
         found, missing = _imported_names(block.code)
         assert found, f"{block.where}: skipped, and uses no name that could be checked"
         assert not missing, f"{block.where} uses names that do not exist: {missing}"
         # Listed by `pytest -ra` with the blocks that have no language.
         pytest.skip(
-            f"{block.where} not run ({block.options['reason']}); "
+            f"{block.where} not run here ({block.options['reason']}); "
             f"the names it uses exist: {', '.join(sorted(set(found)))}"
         )
-    factory = PRELUDES[block.options["prelude"]]
+    name = prelude_of(block)
+    assert name is not None, block.where
+    factory = PRELUDES[name]
     fixtures = {
-        name: request.getfixturevalue(name) for name in inspect.signature(factory).parameters
+        param: request.getfixturevalue(param) for param in inspect.signature(factory).parameters
     }
-    # Blank lines in front: a traceback names the README's own line numbers.
-    code = compile("\n" * block.line + block.code, str(README), "exec")
+    if "block" in fixtures:
+        fixtures["block"] = block
+    # Blank lines in front: a traceback names the file's own line numbers.
+    code = compile("\n" * block.line + block.code, str(ROOT / block.path), "exec")
     with factory(**fixtures) as namespace:
-        # exec (S102) is the point: the README's sample runs as written.
+        # exec (S102) is the point: the documentation's sample runs as written.
         exec(code, namespace)  # noqa: S102
 
 
@@ -988,37 +980,103 @@ def covered(block: Block) -> bool:
     if block.lang == "python":
         if "skip" in block.options:
             return bool(block.options.get("reason"))
-        return block.options.get("prelude") in PRELUDES
+        return prelude_of(block) in PRELUDES
     if block.lang == "sh":
         return all(sh_rule(argv) for argv, _ in sh_commands(block.code))
     if block.lang == "ini":
         return _alembic_section(block.code) is not None
-    return block.lang == ""  # no language: a diagram or sample output, shown, not run
+    return block.lang in NOT_RUN
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
-def test_readme_sample(block: Block, request: pytest.FixtureRequest) -> None:
-    if not covered(block):
+#: Languages shown, not run: a diagram or sample output.
+NOT_RUN = {"", "text", "console-output"}
+RUNNERS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
+    "python": _python,
+    "sh": _sh,
+    "ini": _ini,
+}
+
+
+@pytest.fixture
+def block() -> None:
+    """Placeholder: a prelude that takes ``block`` gets the block it runs (see
+    :func:`earlier_blocks`)."""
+
+
+@pytest.mark.parametrize("sample", BLOCKS, ids=[b.id for b in BLOCKS])
+def test_sample(sample: Block, request: pytest.FixtureRequest) -> None:
+    if not covered(sample):
         pytest.fail(
-            f"{block.where}: no rule covers this block. A python block needs a marker "
-            f"before it, '<!-- docs-test: prelude=NAME -->' (one of {sorted(PRELUDES)}) or "
-            "'<!-- docs-test: skip reason=\"...\" -->'; sh commands need a rule in sh_rule."
+            f"{sample.where}: no rule covers this block. A python block needs a prelude: "
+            f"a marker before it, '<!-- docs-test: prelude=NAME -->' (one of "
+            f"{sorted(PRELUDES)}), or its page registered with @prelude(NAME, pages=...); "
+            "or '<!-- docs-test: skip reason=\"... tests/test_x.py::test_name ...\" -->'. "
+            "sh commands need a rule in sh_rule; other languages one in RUNNERS."
         )
-    if block.lang == "":
-        first = block.code.splitlines()[0] if block.code.strip() else ""
-        pytest.skip(f"{block.where} not run: no language (output or a diagram): {first[:50]!r}")
-    {"python": _python, "sh": _sh, "ini": _ini}[block.lang](block, request)
+    if sample.lang in NOT_RUN:
+        first = sample.code.splitlines()[0] if sample.code.strip() else ""
+        pytest.skip(f"{sample.where} not run: output or a diagram: {first[:50]!r}")
+    RUNNERS[sample.lang](sample, request)
 
 
 def test_docs_test_markers_are_attached_and_every_prelude_is_used() -> None:
-    assert README_DOC.stray_markers == [], "docs-test markers not followed by a code block"
+    for document in DOCUMENTS:
+        assert document.stray_markers == [], (
+            f"{document.path}: docs-test markers not followed by a code block, at lines "
+            f"{document.stray_markers}"
+        )
     known = {"prelude", "skip", "reason"}
-    for block in BLOCKS:
-        assert set(block.options) <= known, f"{block.where}: unknown marker option"
-        if block.options:
-            assert block.lang == "python", f"{block.where}: markers are for python blocks"
-    used = {block.options.get("prelude") for block in BLOCKS}
+    for sample in BLOCKS:
+        assert set(sample.options) <= known, f"{sample.where}: unknown marker option"
+        if sample.options:
+            assert sample.lang == "python", f"{sample.where}: markers are for python blocks"
+        if "prelude" in sample.options:
+            assert sample.options["prelude"] in PRELUDES, f"{sample.where}: no such prelude"
+    used = {prelude_of(sample) for sample in BLOCKS if sample.lang == "python"}
     assert set(PRELUDES) <= used, f"preludes no sample uses: {set(PRELUDES) - used}"
+    pages = {path for path, _ in PAGE_PRELUDES}
+    assert pages <= set(docsamples.documentation_files()), "@prelude(pages=) names no page"
+
+
+def test_a_skip_reason_must_name_an_existing_test() -> None:
+    assert run_instead_by("needs PgBouncer") is not None
+    assert run_instead_by("tests/test_nothing_here.py::test_x runs it") is not None
+    assert run_instead_by("tests/docs/test_docs.py::test_no_such_test runs it") is not None
+    assert run_instead_by("tests/docs/test_docs.py::test_sample runs it") is None
+
+
+def test_blocks_are_found_in_admonitions_tabs_and_snippets() -> None:
+    page = docsamples.parse(
+        "docs/x.md",
+        """# Page
+
+!!! note
+    <!-- docs-test: prelude=host -->
+    ```python title="app.py"
+    import sqlaq
+    ```
+
+=== "Sync"
+
+    ```sh
+    --8<-- ".ci/run"
+    ```
+
+<!-- docs-test: skip reason="x" -->
+```python
+```
+""",
+    )
+    note, tab, last = page.blocks
+    assert (note.lang, note.code, note.options, note.heading) == (
+        "python",
+        "import sqlaq\n",
+        {"prelude": "host"},
+        "Page",
+    )
+    assert tab.code == (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert last.options == {"skip": "", "reason": "x"}
+    assert page.stray_markers == []
 
 
 def test_repository_env_py_hides_sqlaq_from_autogenerate_as_the_readme_says() -> None:

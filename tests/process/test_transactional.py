@@ -299,3 +299,57 @@ def test_an_async_transactional_handler_commits_with_its_job(effects: Engine) ->
     assert effect_rows(effects) == [(job_id, "async")]
     with effects.connect() as conn:
         assert sqlaq.result(conn, job_id).result == "ok"
+
+
+@pytest.mark.timeout(60)
+def test_a_session_connection_lost_before_the_handler_costs_no_attempt(
+    effects: Engine, database_url: str
+) -> None:
+    """A pooled connection killed while idle (a server restart, a backend kill) is found
+    before the handler runs: the job goes back without using an attempt, and runs on a
+    fresh connection."""
+    name = f"sqlaq-sessions-{uuid4().hex[:8]}"
+    sessions_engine = create_engine(
+        database_url, pool_size=4, connect_args={"application_name": name}
+    )
+    registry = sqlaq.Registry()
+    recorder = Recorder()
+
+    @registry.handler("tx")
+    def tx(payload: dict[str, Any], session: Session) -> None:
+        write_effect(session, "ran")
+
+    from sqlalchemy.orm import sessionmaker
+
+    worker = fast_worker(
+        effects, registry, recorder, concurrency=1, sessionmaker=sessionmaker(sessions_engine)
+    )
+    try:
+        with running(worker):
+            first = enqueue(effects, "tx")
+            recorder.wait_for(1)
+            idle = rows(
+                effects,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = :name",
+                name=name,
+            )
+            assert idle  # the session's pooled connection, idle
+            wait_until(
+                lambda: (
+                    not rows(
+                        effects,
+                        "SELECT 1 FROM pg_stat_activity WHERE application_name = :n",
+                        n=name,
+                    )
+                ),
+                10,
+                "the backend to go",
+            )
+            second = enqueue(effects, "tx")
+            wait_until(lambda: job(effects, second).status == "done", 20, "the second job")
+    finally:
+        sessions_engine.dispose()
+    assert job(effects, first).attempts == 1
+    assert job(effects, second).attempts == 1  # handed back: not charged
+    assert [r[1] for r in effect_rows(effects)] == ["ran", "ran"]

@@ -208,6 +208,7 @@ CALLS: dict[str, list[Any]] = {
     ],
     "has_schema_revision_stmt": [{}],
     "schema_revision_stmt": [{}],
+    "ping_stmt": [{}],
     "snooze_stmt": [{"leases": [LEASE], "delay": SECONDS}],
     "handback_stmt": [{"leases": [LEASE, LEASE2]}],
     "notify_queues_stmt": [{"queues": ["a", "b"]}],
