@@ -10,12 +10,8 @@ must not read the environment (only the commands do) nor touch a database.
 
 from __future__ import annotations
 
-<<<<<<< HEAD
-from collections.abc import Sequence
-=======
 import difflib
-from collections.abc import Iterable
->>>>>>> main
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
