@@ -218,9 +218,7 @@ def where_text(expression: str) -> ColumnElement[bool]:
     return type_coerce(text(f"({escaped}\n)"), Boolean)
 
 
-def where_check_stmt(
-    *, where: ColumnElement[bool] | Sequence[ColumnElement[bool]]
-) -> Select[Any]:
+def where_check_stmt(*, where: ColumnElement[bool] | Sequence[ColumnElement[bool]]) -> Select[Any]:
     """Check that *where* runs against ``sqlaq_jobs``: ``SELECT id FROM sqlaq_jobs WHERE
     <where> LIMIT 0``. PostgreSQL parses, resolves and types the clauses (an unknown
     column, a type mismatch, a syntax error fail here) without reading a row.

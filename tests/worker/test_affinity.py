@@ -116,7 +116,8 @@ def test_a_condition_the_table_refuses_stops_the_worker_at_its_start(
         worker.run()
     assert message in str(info.value)
     assert "\n" not in str(info.value)
-    assert worker.stopped.is_set() and not worker.started.is_set()
+    assert worker.stopped.is_set()
+    assert not worker.started.is_set()
     assert ran == []
     assert _statuses(committed) == {("a_plain", "eu", "queued"): 1}
 
