@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 EU = sqlaq.jobs.c.payload["region"].astext == "eu"
 
 
-def _registry(ran: list[tuple[str, str]]) -> sqlaq.Registry:
+def _registry(ran: list[tuple[str, str]], *, limited: bool = True) -> sqlaq.Registry:
     registry = sqlaq.Registry()
 
     def record(payload: dict[str, Any]) -> None:
@@ -26,8 +26,10 @@ def _registry(ran: list[tuple[str, str]]) -> sqlaq.Registry:
 
     registry.handler("a_plain")(record)
     registry.handler("b_plain")(record)
-    # A limit far above what one worker reaches: what is tested is the limited claim's path.
-    registry.handler("a_limited", concurrency=100_000, rate="10000/s")(record)
+    if limited:
+        # A limit far above what one worker reaches: what is tested is the limited
+        # claim's path.
+        registry.handler("a_limited", concurrency=100_000, rate="10000/s")(record)
     return registry
 
 
@@ -72,6 +74,22 @@ def test_a_sequence_of_clauses_is_and_ed(committed: Engine) -> None:
     where = [sqlaq.jobs.c.kind.like("a%"), EU]
     sqlaq.Worker(committed, _registry(ran), where=where, concurrency=2, burst=True).run()
     assert sorted(ran) == [("a_plain", "eu")] * 5
+
+
+@pytest.mark.parametrize(
+    "where",
+    [sqlaq.jobs.c.kind == "b_plain", sqlaq.jobs.c.kind.in_(["b_plain", "x"])],
+    ids=["equals", "in"],
+)
+def test_a_clause_with_values_of_its_own(committed: Engine, where: Any) -> None:
+    # Without limited kinds the claim runs compiled once, on the driver's cursor: the
+    # clause's own values ("b_plain") go with the claim's.
+    _enqueue(committed, "a_plain", ["eu"] * 5, priority=5)
+    _enqueue(committed, "b_plain", ["eu"] * 5)
+    ran: list[tuple[str, str]] = []
+    registry = _registry(ran, limited=False)
+    sqlaq.Worker(committed, registry, where=where, concurrency=2, burst=True).run()
+    assert sorted(ran) == [("b_plain", "eu")] * 5
 
 
 def test_the_limited_claim_honours_where(committed: Engine) -> None:
