@@ -110,14 +110,36 @@ class Fetcher:
         except DBAPIError as exc:
             if is_transient(exc):
                 return
-            diag = getattr(exc.orig, "diag", None)
-            why = getattr(diag, "message_primary", None) or describe(exc)
-            where = self._config.where
-            shown = f"where {where!r}" if isinstance(where, str) else "where"
-            raise ConfigError(f"{shown} does not run against the jobs table: {why}") from None
+            raise ConfigError(
+                f"{self._where_shown()} does not run against the jobs table: {_primary(exc)}"
+            ) from None
         except StatementError as exc:  # e.g. a clause with a bind parameter without value
-            raise ConfigError(f"where does not run against the jobs table: {exc.orig}") from None
+            raise ConfigError(
+                f"{self._where_shown()} does not run against the jobs table: {exc.orig}"
+            ) from None
         self._where_checked = True
+
+    def _where_failed(self, error: BaseException) -> None:
+        """A claim failed on a data error (SQLSTATE class 22: a cast of a job's value,
+        a division by zero...): with a ``where``, the expression met a row it cannot
+        evaluate. Raise that as one line; any other error is left to the caller.
+
+        Raises:
+            ConfigError: it was the condition's.
+        """
+        orig = getattr(error, "orig", None) or error
+        if self._where and str(getattr(orig, "sqlstate", "") or "").startswith("22"):
+            raise ConfigError(
+                f"{self._where_shown()} failed on a job: {_primary(error)}; make it hold "
+                "(true or false) for every row, e.g. test the value's form before a cast"
+            ) from None
+
+    def _where_shown(self) -> str:
+        where = self._config.where
+        if not isinstance(where, str):
+            return "where"
+        shown = repr(where)
+        return f"where {shown if len(shown) <= 80 else shown[:76] + '...' + shown[0]}"
 
     @property
     def due(self) -> bool:
@@ -196,6 +218,7 @@ class Fetcher:
         except Exception as exc:
             self.close()
             if not is_transient(exc):
+                self._where_failed(exc)
                 raise
             self._back_off(exc)
             return claimed
@@ -236,6 +259,7 @@ class Fetcher:
                     )
             except Exception as exc:
                 if not is_transient(exc):
+                    self._where_failed(exc)
                     raise
                 self._back_off(exc)
                 return taken
@@ -277,3 +301,10 @@ class Fetcher:
         if conn is not None:
             with suppress(Exception):  # a broken connection: nothing to do
                 conn.close()
+
+
+def _primary(error: BaseException) -> str:
+    """The server's primary message of *error* (without its ``LINE 1: ...`` context)."""
+    orig = getattr(error, "orig", None) or error
+    diag = getattr(orig, "diag", None)
+    return getattr(diag, "message_primary", None) or describe(error)

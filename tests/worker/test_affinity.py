@@ -148,3 +148,20 @@ def test_a_clause_over_another_table_or_not_a_clause_is_refused_at_construction(
         sqlaq.Worker(committed, _registry([]), where=other)
     with pytest.raises(ConfigError, match="where must be a SQLAlchemy boolean clause"):
         sqlaq.Worker(committed, _registry([]), where=[EU, 3])
+
+
+@pytest.mark.parametrize("kind", ["a_plain", "a_limited"])
+def test_a_condition_that_fails_on_a_job_stops_the_worker_with_one_line(
+    committed: Engine, kind: str
+) -> None:
+    # It compiles and types (the start check passes); the cast fails on one row only.
+    with committed.begin() as conn:
+        sqlaq.enqueue(conn, kind, {"region": "eu", "n": "abc"})
+    ran: list[tuple[str, str]] = []
+    where = "(payload->>'n')::int > 3"
+    worker = sqlaq.Worker(committed, _registry(ran), where=where, burst=True)
+    with pytest.raises(ConfigError, match=r"where .* failed on a job: invalid input syntax"):
+        worker.run()
+    assert worker.stopped.is_set()
+    assert ran == []
+    assert _statuses(committed) == {(kind, "eu", "queued"): 1}
