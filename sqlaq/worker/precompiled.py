@@ -86,7 +86,7 @@ class Precompiled:
                     step = plan.send(conn.execute(statement, params))
                     continue
                 if fixed is not None:  # values of the statement's own (a where clause's)
-                    params = {**fixed, **params}
+                    params = {**fixed, **(params or {})}
                 driver = conn.connection.driver_connection
                 cursor = driver.cursor()  # type: ignore[union-attr]
                 # Only in place of psycopg's own loader: a json_deserializer the engine
