@@ -29,6 +29,7 @@ from sqlaq.drive import Plan
 __all__ = ["Precompiled"]
 
 R = TypeVar("R")
+_MAX_CACHED = 256  # statements compiled per Precompiled, at most
 _JSONB_OID = 3802  # pg_type's oid of jsonb, fixed since PostgreSQL 9.4
 
 # json.loads's decoder's scanner, in C (typeshed does not declare the attribute).
@@ -129,5 +130,10 @@ class Precompiled:
         sql = compiled.string if plain and conn.dialect.driver == "psycopg" else None
         given = params if isinstance(params, dict) else {}
         fixed = {k: v for k, v in compiled.params.items() if k not in given} or None
+        if len(self._sql) >= _MAX_CACHED:
+            # A worker runs a handful of statements; more means statements built anew
+            # (a claim narrowed by a clause, rebuilt once evicted from its own cache):
+            # start over rather than grow.
+            self._sql.clear()
         entry = self._sql[id(statement)] = (statement, sql, fixed)
         return entry
