@@ -11,16 +11,17 @@ must not read the environment (only the commands do) nor touch a database.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlaq.errors import ConfigError
 from sqlaq.ops import DEFAULT_LEASE
 from sqlaq.option import (
     AutoInteger,
     Boolean,
+    Condition,
     DatabaseUrl,
     Domain,
     Duration,
@@ -29,6 +30,9 @@ from sqlaq.option import (
     Option,
 )
 from sqlaq.schema import DEFAULT_QUEUE
+
+if TYPE_CHECKING:
+    from sqlalchemy import ColumnElement
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -145,6 +149,15 @@ class WorkerConfig:
             autovacuum's next look (:mod:`sqlaq.worker.vacuum`; needs the table's
             owner, or ``MAINTAIN`` on it on PostgreSQL 17+). False leaves it to
             autovacuum.
+        where: Serve only the jobs matching this condition (worker affinity): a
+            SQLAlchemy boolean clause over :data:`sqlaq.jobs` columns
+            (``sqlaq.jobs.c.payload["region"].astext == "eu"``), a sequence of them
+            (AND-ed), or SQL text over the table's columns (``payload->>'region' =
+            'eu'``, what ``--where`` gives; see :func:`sqlaq.queries.where_text`). It
+            goes into every claim, inside its locking subquery: other jobs are neither
+            claimed nor locked, and are left to other workers. The limits of limited
+            kinds stay global. Checked against the table when the worker starts.
+            None (the default) claims every job of the queues.
 
     Raises:
         ConfigError: an option has an unusable type or value; the message names it.
@@ -245,6 +258,14 @@ class WorkerConfig:
             Boolean(),
             "vacuum the jobs table during deep drains, not waiting for autovacuum "
             "(--no-vacuum: autovacuum alone)",
+        ),
+    )
+    where: str | ColumnElement[bool] | Sequence[ColumnElement[bool]] | None = field(
+        default=None,
+        metadata=_option(
+            Condition(),
+            "claim only jobs matching this SQL boolean expression over the job's columns "
+            "(worker affinity), e.g. \"payload->>'region' = 'eu'\"",
         ),
     )
 

@@ -70,6 +70,8 @@ from sqlaq.queries.claim import (
     lock_kind_stmt,
     record_starts_params,
     record_starts_stmt,
+    where_check_stmt,
+    where_text,
 )
 from sqlaq.queries.columns import (
     CLAIM_COLUMNS,
@@ -264,5 +266,7 @@ __all__ = [
     "vacuum_stmt",
     "wait_percentiles_stmt",
     "watch_job_stmt",
+    "where_check_stmt",
+    "where_text",
     "workers_stmt",
 ]

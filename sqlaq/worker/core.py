@@ -326,6 +326,7 @@ class Worker:
 
     def _start(self) -> None:
         config = self.config
+        self._fetcher.check_where()  # a where the table refuses: ConfigError, nothing started
         self._wake.open()
         _log.info(
             "worker started",
