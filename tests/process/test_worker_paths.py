@@ -48,7 +48,7 @@ def test_a_sync_handler_is_written_timed_out_at_its_deadline(committed: Engine) 
 
     @registry.handler("sleepy", timeout=timedelta(seconds=1))
     def sleepy(payload: dict[str, Any]) -> None:
-        release[sqlaq.current_job().id].wait(60)
+        release[payload["n"]].wait(60)  # made before the job is enqueued
 
     worker = sqlaq.Worker(
         committed,
@@ -60,9 +60,9 @@ def test_a_sync_handler_is_written_timed_out_at_its_deadline(committed: Engine) 
         lease=timedelta(seconds=120),
     )
     with running(worker):
-        for _ in range(3):
-            job_id = enqueue(committed, "sleepy", queue=queue, max_attempts=1)
-            release[job_id] = threading.Event()
+        for n in range(3):
+            release[n] = threading.Event()
+            job_id = enqueue(committed, "sleepy", {"n": n}, queue=queue, max_attempts=1)
             try:
                 wait_until(
                     lambda job_id=job_id: _failed_by_timeout(committed, job_id),
@@ -70,7 +70,7 @@ def test_a_sync_handler_is_written_timed_out_at_its_deadline(committed: Engine) 
                     "the attempt written timed out at its deadline",
                 )
             finally:
-                release[job_id].set()
+                release[n].set()
 
 
 @pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
