@@ -24,8 +24,11 @@ from sqlalchemy import (
     literal_column,
     select,
     table,
+    text,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql.elements import TextClause
 
 from sqlaq.schema import (
     REVISION_FUNCTION,
@@ -203,6 +206,27 @@ def has_schema_revision_stmt() -> Any:
     return select(
         func.to_regprocedure(literal_column(f"'{REVISION_FUNCTION}()'", Text)).is_not(None)
     )
+
+
+def create_database_stmt(*, name: str) -> TextClause:
+    """Create the database *name* (run it outside a transaction, in AUTOCOMMIT)."""
+    return text(f"CREATE DATABASE {_identifier(name)}")
+
+
+def drop_database_stmt(*, name: str) -> TextClause:
+    """Drop the database *name* if it exists, ending its sessions first (``WITH
+    (FORCE)``, PostgreSQL 13 and later); outside a transaction, like the create."""
+    return text(f"DROP DATABASE IF EXISTS {_identifier(name)} WITH (FORCE)")
+
+
+def _identifier(name: str) -> str:
+    """*name* quoted as PostgreSQL wants it, with its colons escaped for ``text()`` (which
+    would read ``:x`` as a bind)."""
+    return _PREPARER.quote_identifier(name).replace(":", "\\:")
+
+
+#: Quotes identifiers as PostgreSQL's dialect does.
+_PREPARER = postgresql.dialect().identifier_preparer  # type: ignore[no-untyped-call]
 
 
 def ping_stmt() -> Any:

@@ -34,11 +34,11 @@ from collections.abc import Iterator
 from uuid import uuid4
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from sqlaq import migrations
+from sqlaq import migrations, queries
 from sqlaq.dsn import sync_url
 
 __all__ = [
@@ -83,7 +83,7 @@ def sqlaq_database_url(pytestconfig: pytest.Config) -> Iterator[str]:
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+            conn.execute(queries.create_database_stmt(name=name))
         url = server.set(database=name)
         engine = create_engine(url)
         try:
@@ -94,7 +94,7 @@ def sqlaq_database_url(pytestconfig: pytest.Config) -> Iterator[str]:
         yield url.render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(queries.drop_database_stmt(name=name))
         admin.dispose()
 
 

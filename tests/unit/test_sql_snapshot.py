@@ -209,6 +209,8 @@ CALLS: dict[str, list[Any]] = {
     "has_schema_revision_stmt": [{}],
     "schema_revision_stmt": [{}],
     "ping_stmt": [{}],
+    "create_database_stmt": [{"name": "sqlaq_pytest_1a2b"}, {"name": 'odd "name": x'}],
+    "drop_database_stmt": [{"name": "sqlaq_pytest_1a2b"}],
     "snooze_stmt": [{"leases": [LEASE], "delay": SECONDS}],
     "handback_stmt": [{"leases": [LEASE, LEASE2]}],
     "notify_queues_stmt": [{"queues": ["a", "b"]}],
