@@ -28,6 +28,9 @@ from sqlalchemy import Connection
 from sqlaq import queries
 from sqlaq.errors import SchemaOutOfDateError
 from sqlaq.schema import (
+    DEPS_FUNCTION,
+    DEPS_TABLE,
+    DEPS_TRIGGER,
     FINISH_FUNCTION,
     FINISH_TRIGGER,
     NOTIFY_FUNCTION,
@@ -61,6 +64,7 @@ EXPECTED_TABLES = (
     PAUSED_TABLE,
     WORKERS_TABLE,
     UNIQUE_HOLDS_TABLE,
+    DEPS_TABLE,
 )
 
 _PENDING = "(status = ANY (ARRAY['queued'::text, 'running'::text]))"
@@ -99,6 +103,15 @@ EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
         "CREATE INDEX sqlaq_unique_holds_expires_at_idx ON sqlaq_unique_holds USING btree "
         "(expires_at)",
     ),
+    "sqlaq_jobs_waiting_idx": (
+        TABLE_NAME,
+        "CREATE INDEX sqlaq_jobs_waiting_idx ON sqlaq_jobs USING btree (id) "
+        "WHERE ((status = 'queued'::text) AND (run_at = 'infinity'::timestamp with time zone))",
+    ),
+    "sqlaq_job_deps_child_id_idx": (
+        DEPS_TABLE,
+        "CREATE INDEX sqlaq_job_deps_child_id_idx ON sqlaq_job_deps USING btree (child_id)",
+    ),
 }
 
 #: Constraint name -> (table, definition); NOT NULL constraints are the columns'.
@@ -115,6 +128,11 @@ EXPECTED_CONSTRAINTS: Mapping[str, tuple[str, str]] = {
     "sqlaq_paused_queues_pkey": (PAUSED_TABLE, "PRIMARY KEY (queue)"),
     "sqlaq_workers_pkey": (WORKERS_TABLE, "PRIMARY KEY (worker_id)"),
     "sqlaq_unique_holds_pkey": (UNIQUE_HOLDS_TABLE, "PRIMARY KEY (kind, key)"),
+    "sqlaq_jobs_on_parent_failure_check": (
+        TABLE_NAME,
+        "CHECK ((on_parent_failure = ANY (ARRAY['cancel'::text, 'run'::text, 'fail'::text])))",
+    ),
+    "sqlaq_job_deps_pkey": (DEPS_TABLE, "PRIMARY KEY (parent_id, child_id)"),
 }
 
 #: Trigger name -> (table, definition).
@@ -129,6 +147,13 @@ EXPECTED_TRIGGERS: Mapping[str, tuple[str, str]] = {
         f"CREATE TRIGGER {FINISH_TRIGGER} AFTER UPDATE OF status ON sqlaq_jobs FOR EACH ROW "
         f"WHEN ((new.awaited AND (new.status = ANY (ARRAY['done'::text, 'failed'::text, "
         f"'cancelled'::text])))) EXECUTE FUNCTION {FINISH_FUNCTION}()",
+    ),
+    DEPS_TRIGGER: (
+        TABLE_NAME,
+        f"CREATE TRIGGER {DEPS_TRIGGER} AFTER UPDATE OF status ON sqlaq_jobs FOR EACH ROW "
+        "WHEN (((new.has_dependents OR (old.run_at = 'infinity'::timestamp with time zone)) "
+        "AND (new.status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))) "
+        f"EXECUTE FUNCTION {DEPS_FUNCTION}()",
     ),
 }
 
@@ -145,6 +170,26 @@ EXPECTED_FUNCTIONS: Mapping[str, str] = {
         f"CREATE OR REPLACE FUNCTION {FINISH_FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
         "AS $function$ BEGIN PERFORM pg_notify('sqlaq_finished', NEW.id::text); "
         "RETURN NULL; END $function$"
+    ),
+    DEPS_FUNCTION: (
+        f"CREATE OR REPLACE FUNCTION {DEPS_FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
+        "AS $function$ DECLARE children bigint[]; queues text[]; BEGIN IF OLD.run_at = "
+        "'infinity' THEN DELETE FROM sqlaq_job_deps WHERE child_id = NEW.id; END IF; IF NOT "
+        "NEW.has_dependents THEN RETURN NULL; END IF; WITH gone AS (DELETE FROM "
+        "sqlaq_job_deps WHERE parent_id = NEW.id RETURNING child_id) SELECT "
+        "array_agg(child_id) INTO children FROM gone; IF children IS NULL THEN RETURN NULL; "
+        "END IF; IF NEW.status <> 'done' THEN UPDATE sqlaq_jobs SET status = CASE WHEN "
+        "on_parent_failure = 'fail' THEN 'failed' ELSE 'cancelled' END, finished_at = now(), "
+        "last_error = format('parent job %s %s', NEW.id, NEW.status) WHERE id = ANY "
+        "(children) AND status = 'queued' AND run_at = 'infinity' AND "
+        "coalesce(on_parent_failure, 'cancel') <> 'run'; END IF; WITH released AS ( UPDATE "
+        "sqlaq_jobs SET run_at = now() WHERE id = ANY (children) AND status = 'queued' AND "
+        "run_at = 'infinity' AND NOT EXISTS ( SELECT 1 FROM sqlaq_job_deps d WHERE "
+        "d.child_id = sqlaq_jobs.id) RETURNING queue ) SELECT array_agg(DISTINCT queue) INTO "
+        "queues FROM released; PERFORM pg_notify('sqlaq_jobs', q) FROM unnest(queues) AS q; "
+        "PERFORM pg_notify('sqlaq_release', j.id::text) FROM sqlaq_jobs j WHERE j.id = ANY "
+        "(children) AND j.status = 'queued' AND j.run_at = 'infinity'; RETURN NULL; END "
+        "$function$"
     ),
 }
 
