@@ -31,8 +31,8 @@ from sqlaq.queries import has_schema_revision_stmt, schema_revision_stmt
 from sqlaq.schema import (
     CLAIM_INDEX,
     DEBOUNCE_INDEX,
-    DEPS_TABLE,
     DEDUPE_INDEX,
+    DEPS_TABLE,
     FINISHED_INDEX,
     PAUSED_TABLE,
     PERIODIC_TABLE,

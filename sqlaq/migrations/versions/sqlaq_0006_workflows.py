@@ -123,7 +123,9 @@ def downgrade() -> None:
         "UPDATE sqlaq_jobs SET run_at = now() WHERE status = 'queued' AND run_at = 'infinity'"
     )
     op.execute("DROP INDEX IF EXISTS sqlaq_jobs_waiting_idx")
-    op.execute("ALTER TABLE sqlaq_jobs DROP CONSTRAINT IF EXISTS sqlaq_jobs_on_parent_failure_check")
+    op.execute(
+        "ALTER TABLE sqlaq_jobs DROP CONSTRAINT IF EXISTS sqlaq_jobs_on_parent_failure_check"
+    )
     op.execute("ALTER TABLE sqlaq_jobs DROP COLUMN IF EXISTS parent_ids")
     op.execute("ALTER TABLE sqlaq_jobs DROP COLUMN IF EXISTS on_parent_failure")
     op.execute("ALTER TABLE sqlaq_jobs DROP COLUMN IF EXISTS has_dependents")
