@@ -36,7 +36,7 @@ Design decisions written down here:
   until ``expires_at`` whatever becomes of its job (a unique index cannot express a
   window); ``timeout`` is a job's own attempt timeout, over its handler's.
 * Workflows (sqlaq_0006): a job enqueued to wait for others (its parents) is queued
-  with ``run_at = 'infinity'`` (never due: the claim is unchanged) and one row of
+  with ``run_at`` at WAITING_RUN_AT (never due: the claim is unchanged) and one row of
   ``sqlaq_job_deps`` per parent not yet finished. A parent's own rows are deleted by a
   row trigger when it finishes (``WHEN`` it ``has_dependents``: every other job pays a
   boolean test), in its finishing transaction; the same trigger applies the child's
@@ -122,8 +122,15 @@ RUNNING_SQL = "status = 'running'"
 DEDUPE_SQL = f"{PENDING_SQL} AND dedupe_key IS NOT NULL"
 #: Never-started queued jobs with a debounce key: what a debounced enqueue may update.
 DEBOUNCE_SQL = "status = 'queued' AND attempted_at IS NULL AND debounce_key IS NOT NULL"
-#: Jobs waiting for parents: queued but never due.
-WAITING_SQL = "status = 'queued' AND run_at = 'infinity'"
+#: Queued jobs with parents: the waiting ones among them have ``run_at`` at
+#: WAITING_RUN_AT (the rest were released and are due).
+WAITING_SQL = "status = 'queued' AND parent_ids IS NOT NULL"
+#: A waiting job's ``run_at``: later than any an enqueue accepts (encoding.MAX_RUN_AT),
+#: so never due, yet readable by Python (``'infinity'`` is not).
+WAITING_RUN_AT = "9999-01-01 00:00:00+00"
+#: Every ``run_at`` from this one on is a waiting job's (a retry's or a snooze's is at
+#: most 100 years ahead; an enqueue's at most encoding.MAX_RUN_AT).
+WAITING_FROM = "9900-01-01 00:00:00+00"
 
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 5

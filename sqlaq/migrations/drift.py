@@ -106,7 +106,7 @@ EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
     "sqlaq_jobs_waiting_idx": (
         TABLE_NAME,
         "CREATE INDEX sqlaq_jobs_waiting_idx ON sqlaq_jobs USING btree (id) "
-        "WHERE ((status = 'queued'::text) AND (run_at = 'infinity'::timestamp with time zone))",
+        "WHERE ((status = 'queued'::text) AND (parent_ids IS NOT NULL))",
     ),
     "sqlaq_job_deps_child_id_idx": (
         DEPS_TABLE,
@@ -150,10 +150,10 @@ EXPECTED_TRIGGERS: Mapping[str, tuple[str, str]] = {
     ),
     DEPS_TRIGGER: (
         TABLE_NAME,
-        f"CREATE TRIGGER {DEPS_TRIGGER} AFTER UPDATE OF status ON sqlaq_jobs FOR EACH ROW "
-        "WHEN (((new.has_dependents OR (old.run_at = 'infinity'::timestamp with time zone)) "
-        "AND (new.status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))) "
-        f"EXECUTE FUNCTION {DEPS_FUNCTION}()",
+        "CREATE TRIGGER sqlaq_jobs_deps_trg AFTER UPDATE OF status ON sqlaq_jobs FOR EACH"
+        " ROW WHEN (((new.has_dependents OR (old.parent_ids IS NOT NULL)) AND (new.status"
+        " = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))) EXECUTE "
+        "FUNCTION sqlaq_jobs_settle_children()",
     ),
 }
 
@@ -172,24 +172,25 @@ EXPECTED_FUNCTIONS: Mapping[str, str] = {
         "RETURN NULL; END $function$"
     ),
     DEPS_FUNCTION: (
-        f"CREATE OR REPLACE FUNCTION {DEPS_FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
-        "AS $function$ DECLARE children bigint[]; queues text[]; BEGIN IF OLD.run_at = "
-        "'infinity' THEN DELETE FROM sqlaq_job_deps WHERE child_id = NEW.id; END IF; IF NOT "
-        "NEW.has_dependents THEN RETURN NULL; END IF; WITH gone AS (DELETE FROM "
-        "sqlaq_job_deps WHERE parent_id = NEW.id RETURNING child_id) SELECT "
-        "array_agg(child_id) INTO children FROM gone; IF children IS NULL THEN RETURN NULL; "
-        "END IF; IF NEW.status <> 'done' THEN UPDATE sqlaq_jobs SET status = CASE WHEN "
-        "on_parent_failure = 'fail' THEN 'failed' ELSE 'cancelled' END, finished_at = now(), "
-        "last_error = format('parent job %s %s', NEW.id, NEW.status) WHERE id = ANY "
-        "(children) AND status = 'queued' AND run_at = 'infinity' AND "
-        "coalesce(on_parent_failure, 'cancel') <> 'run'; END IF; WITH released AS ( UPDATE "
-        "sqlaq_jobs SET run_at = now() WHERE id = ANY (children) AND status = 'queued' AND "
-        "run_at = 'infinity' AND NOT EXISTS ( SELECT 1 FROM sqlaq_job_deps d WHERE "
-        "d.child_id = sqlaq_jobs.id) RETURNING queue ) SELECT array_agg(DISTINCT queue) INTO "
-        "queues FROM released; PERFORM pg_notify('sqlaq_jobs', q) FROM unnest(queues) AS q; "
-        "PERFORM pg_notify('sqlaq_release', j.id::text) FROM sqlaq_jobs j WHERE j.id = ANY "
-        "(children) AND j.status = 'queued' AND j.run_at = 'infinity'; RETURN NULL; END "
-        "$function$"
+        "CREATE OR REPLACE FUNCTION sqlaq_jobs_settle_children() RETURNS trigger LANGUAGE"
+        " plpgsql AS $function$ DECLARE children bigint[]; queues text[]; BEGIN IF "
+        "OLD.parent_ids IS NOT NULL THEN DELETE FROM sqlaq_job_deps WHERE child_id = "
+        "NEW.id; END IF; IF NOT NEW.has_dependents THEN RETURN NULL; END IF; WITH gone AS"
+        " (DELETE FROM sqlaq_job_deps WHERE parent_id = NEW.id RETURNING child_id) SELECT"
+        " array_agg(child_id) INTO children FROM gone; IF children IS NULL THEN RETURN "
+        "NULL; END IF; IF NEW.status <> 'done' THEN UPDATE sqlaq_jobs SET status = CASE "
+        "WHEN on_parent_failure = 'fail' THEN 'failed' ELSE 'cancelled' END, finished_at "
+        "= now(), last_error = format('parent job %s %s', NEW.id, NEW.status) WHERE id = "
+        "ANY (children) AND status = 'queued' AND run_at >= '9900-01-01 00:00:00+00' AND "
+        "coalesce(on_parent_failure, 'cancel') <> 'run'; END IF; WITH released AS ( "
+        "UPDATE sqlaq_jobs SET run_at = now() WHERE id = ANY (children) AND status = "
+        "'queued' AND run_at >= '9900-01-01 00:00:00+00' AND NOT EXISTS ( SELECT 1 FROM "
+        "sqlaq_job_deps d WHERE d.child_id = sqlaq_jobs.id) RETURNING queue ) SELECT "
+        "array_agg(DISTINCT queue) INTO queues FROM released; PERFORM "
+        "pg_notify('sqlaq_jobs', q) FROM unnest(queues) AS q; PERFORM "
+        "pg_notify('sqlaq_release', j.id::text) FROM sqlaq_jobs j WHERE j.id = ANY "
+        "(children) AND j.status = 'queued' AND j.run_at >= '9900-01-01 00:00:00+00'; "
+        "RETURN NULL; END $function$"
     ),
 }
 

@@ -1,7 +1,7 @@
 """Workflows: jobs that wait for other jobs (their parents).
 
-A waiting job is ``queued`` with ``run_at = 'infinity'`` (never due, so the claim does
-not change) and one row of ``sqlaq_job_deps`` per parent not yet finished. When a parent
+A waiting job is ``queued`` with ``run_at = '9999-01-01'`` (never due, so the claim
+does not change) and one row of ``sqlaq_job_deps`` per parent not yet finished. When a parent
 finishes, the revision's trigger deletes its own rows, applies each child's
 ``on_parent_failure`` and releases the children left with no row, in the parent's
 transaction; :func:`release_stmt` checks again after commit what two parents finishing
@@ -34,14 +34,19 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import TIMESTAMP, aggregate_order_by, insert
 
 from sqlaq.queries._common import _IDS, _NOW, _status, c
-from sqlaq.schema import CHANNEL, JobStatus, job_deps, jobs
+from sqlaq.schema import CHANNEL, WAITING_FROM, WAITING_RUN_AT, JobStatus, job_deps, jobs
 
 d = job_deps.c
 
-_INFINITY = literal_column("'infinity'", TIMESTAMP(timezone=True))
+#: A waiting job's run_at: later than any run_at an enqueue accepts, yet a datetime
+#: Python reads back (``'infinity'`` is not).
+_HELD = literal_column(f"'{WAITING_RUN_AT}'", TIMESTAMP(timezone=True))
+_HELD_FROM = literal_column(f"'{WAITING_FROM}'", TIMESTAMP(timezone=True))
 
-# The waiting index's predicate (schema.WAITING_SQL), literals inlined.
-_WAITING = and_(c.status == _status(JobStatus.QUEUED), c.run_at == _INFINITY)
+# Queued jobs with parents (the waiting index's predicate, schema.WAITING_SQL), held.
+_WAITING = and_(
+    c.status == _status(JobStatus.QUEUED), c.parent_ids.is_not(None), c.run_at >= _HELD_FROM
+)
 
 
 def _no_parent_left() -> ColumnElement[bool]:
@@ -93,7 +98,7 @@ def hold_stmt(
 
         UPDATE sqlaq_jobs SET parent_ids = p.parents, on_parent_failure = :b_policy,
             run_at = CASE WHEN EXISTS (SELECT 1 FROM sqlaq_job_deps
-                WHERE child_id = sqlaq_jobs.id) THEN 'infinity' ELSE run_at END
+                WHERE child_id = sqlaq_jobs.id) THEN '9999-01-01 00:00:00+00' ELSE run_at END
         FROM (SELECT child_id, array_agg(parent_id ORDER BY ordinality) AS parents
               FROM unnest(:b_parents, :b_children) WITH ORDINALITY
                 AS pairs(parent_id, child_id, ordinality) GROUP BY child_id) AS p
@@ -127,7 +132,7 @@ def hold_stmt(
         .values(
             parent_ids=grouped.c.parents,
             on_parent_failure=bindparam("b_policy", on_parent_failure, Text),
-            run_at=case((waits, _INFINITY), else_=c.run_at),
+            run_at=case((waits, _HELD), else_=c.run_at),
         )
         .returning(c.id)
     )
@@ -172,7 +177,8 @@ def release_stmt(*, job_ids: Collection[int]) -> Select[Any]:
 
         WITH released AS (
             UPDATE sqlaq_jobs SET run_at = now()
-            WHERE id = ANY(:b_ids) AND status = 'queued' AND run_at = 'infinity'
+            WHERE id = ANY(:b_ids) AND status = 'queued' AND parent_ids IS NOT NULL
+              AND run_at >= '9900-01-01 00:00:00+00'
               AND NOT EXISTS (SELECT * FROM sqlaq_job_deps
                               WHERE sqlaq_job_deps.child_id = sqlaq_jobs.id)
             RETURNING id, queue)
@@ -189,8 +195,8 @@ def release_stmt(*, job_ids: Collection[int]) -> Select[Any]:
 def release_waiting_stmt(*, limit: int) -> Select[Any]:
     """Release up to *limit* waiting jobs with no parent left (the leader's sweep).
 
-    :func:`release_stmt` over the first *limit* waiting jobs (``status = 'queued' AND
-    run_at = 'infinity'``, the waiting index) that have no edge left: what a crash or a
+    :func:`release_stmt` over the first *limit* waiting jobs (queued, with parents, held:
+    the waiting index) that have no edge left: what a crash or a
     lost notification between a parent's commit and its check left waiting.
     """
     candidates = (

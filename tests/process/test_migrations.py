@@ -165,7 +165,7 @@ EXPECTED_INDEXES = {
     ),
     "sqlaq_jobs_waiting_idx": (
         "CREATE INDEX sqlaq_jobs_waiting_idx ON public.sqlaq_jobs USING btree (id) "
-        "WHERE ((status = 'queued'::text) AND (run_at = 'infinity'::timestamp with time zone))"
+        "WHERE ((status = 'queued'::text) AND (parent_ids IS NOT NULL))"
     ),
     "sqlaq_jobs_pkey": "CREATE UNIQUE INDEX sqlaq_jobs_pkey ON public.sqlaq_jobs USING btree (id)",
 }
@@ -596,8 +596,10 @@ def test_operators_revision_rewrites_nothing_and_walks_back_to_0003(fresh_url: s
         sqlaq.migrations.upgrade(conn, "sqlaq_0004")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0004"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | OPERATOR_OBJECTS == (
-            SQLAQ_OBJECTS - DEBOUNCE_OBJECTS - WORKFLOW_OBJECTS
+        assert (
+            _objects(conn)
+            == before | OPERATOR_OBJECTS
+            == (SQLAQ_OBJECTS - DEBOUNCE_OBJECTS - WORKFLOW_OBJECTS)
         )
         assert _columns(conn) == [*columns_before, "headers"]
         headers = conn.execute(text("SELECT DISTINCT headers FROM sqlaq_jobs")).all()

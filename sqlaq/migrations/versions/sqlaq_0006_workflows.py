@@ -8,7 +8,7 @@ Frozen literal DDL, like the revisions before it. Cheap on a large table: the ne
 ``sqlaq_jobs`` columns are nullable, or carry a constant default (recorded in the catalog
 by PostgreSQL 11+, no rewrite); the CHECK constraint is added NOT VALID and validated
 after (a scan that blocks no writer); the waiting index is partial on rows no existing
-job matches (``run_at = 'infinity'``); the edges table is new and the trigger is metadata.
+job matches (``parent_ids IS NOT NULL``); the edges table is new and the trigger is metadata.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ def upgrade() -> None:
         "CHECK (on_parent_failure IN ('cancel', 'run', 'fail')) NOT VALID"
     )
     op.execute("ALTER TABLE sqlaq_jobs VALIDATE CONSTRAINT sqlaq_jobs_on_parent_failure_check")
-    # A waiting job is queued with run_at = 'infinity': never due, so the claim does not
-    # change; this index finds the waiting jobs for the release sweep.
+    # A waiting job is queued with run_at = '9999-01-01' (past any run_at an enqueue
+    # accepts, yet readable by Python): never due, so the claim does not change. This
+    # index finds the queued jobs that have parents, for the release sweep.
     op.execute(
         "CREATE INDEX sqlaq_jobs_waiting_idx ON sqlaq_jobs (id) "
-        "WHERE status = 'queued' AND run_at = 'infinity'"
+        "WHERE status = 'queued' AND parent_ids IS NOT NULL"
     )
     # One row per parent not yet finished of each waiting job. A parent deletes its own
     # rows when it finishes: no row is shared by two parents.
@@ -62,7 +63,7 @@ def upgrade() -> None:
             children bigint[];
             queues text[];
         BEGIN
-            IF OLD.run_at = 'infinity' THEN
+            IF OLD.parent_ids IS NOT NULL THEN
                 DELETE FROM sqlaq_job_deps WHERE child_id = NEW.id;
             END IF;
             IF NOT NEW.has_dependents THEN
@@ -79,12 +80,14 @@ def upgrade() -> None:
                         ELSE 'cancelled' END,
                     finished_at = now(),
                     last_error = format('parent job %s %s', NEW.id, NEW.status)
-                WHERE id = ANY (children) AND status = 'queued' AND run_at = 'infinity'
+                WHERE id = ANY (children) AND status = 'queued'
+                    AND run_at >= '9900-01-01 00:00:00+00'
                     AND coalesce(on_parent_failure, 'cancel') <> 'run';
             END IF;
             WITH released AS (
                 UPDATE sqlaq_jobs SET run_at = now()
-                WHERE id = ANY (children) AND status = 'queued' AND run_at = 'infinity'
+                WHERE id = ANY (children) AND status = 'queued'
+                    AND run_at >= '9900-01-01 00:00:00+00'
                     AND NOT EXISTS (
                         SELECT 1 FROM sqlaq_job_deps d WHERE d.child_id = sqlaq_jobs.id)
                 RETURNING queue
@@ -92,7 +95,8 @@ def upgrade() -> None:
             SELECT array_agg(DISTINCT queue) INTO queues FROM released;
             PERFORM pg_notify('sqlaq_jobs', q) FROM unnest(queues) AS q;
             PERFORM pg_notify('sqlaq_release', j.id::text) FROM sqlaq_jobs j
-            WHERE j.id = ANY (children) AND j.status = 'queued' AND j.run_at = 'infinity';
+            WHERE j.id = ANY (children) AND j.status = 'queued'
+                AND j.run_at >= '9900-01-01 00:00:00+00';
             RETURN NULL;
         END
         $$
@@ -100,7 +104,7 @@ def upgrade() -> None:
     )
     op.execute(
         "CREATE TRIGGER sqlaq_jobs_deps_trg AFTER UPDATE OF status ON sqlaq_jobs "
-        "FOR EACH ROW WHEN ((NEW.has_dependents OR OLD.run_at = 'infinity') AND "
+        "FOR EACH ROW WHEN ((NEW.has_dependents OR OLD.parent_ids IS NOT NULL) AND "
         "NEW.status IN ('done', 'failed', 'cancelled')) "
         "EXECUTE FUNCTION sqlaq_jobs_settle_children()"
     )
@@ -120,7 +124,8 @@ def downgrade() -> None:
     op.execute("DROP TABLE IF EXISTS sqlaq_job_deps")
     # Jobs still waiting become due: without the edges nothing would ever release them.
     op.execute(
-        "UPDATE sqlaq_jobs SET run_at = now() WHERE status = 'queued' AND run_at = 'infinity'"
+        "UPDATE sqlaq_jobs SET run_at = now() WHERE status = 'queued' "
+        "AND run_at >= '9900-01-01 00:00:00+00'"
     )
     op.execute("DROP INDEX IF EXISTS sqlaq_jobs_waiting_idx")
     op.execute(
