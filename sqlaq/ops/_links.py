@@ -90,3 +90,9 @@ def link(
         status = JobStatus.FAILED if on_parent_failure == "fail" else JobStatus.CANCELLED
         error = f"parent job {parent} {statuses[parent].value}"
         yield queries.end_children_stmt(job_ids=[child], status=status, error=error), None
+
+
+def waiting_for(job_id: int) -> Plan[list[int]]:
+    """The parents *job_id* still waits for (for :func:`sqlaq.explain`)."""
+    rows = yield queries.waiting_for_stmt(job_id=job_id), None
+    return [row[0] for row in rows]

@@ -8,7 +8,6 @@ or not at all.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from sqlaq import queries
 from sqlaq.drive import Plan, operation, plan_of
@@ -248,9 +247,3 @@ def parent_results(job_id: int) -> Plan[list[ParentResult]]:
     """
     rows = (yield queries.parent_results_stmt(job_id=job_id), None).all()
     return [ParentResult(row[0], JobStatus(row[1]), row[2]) for row in rows]
-
-
-def waiting_for(job_id: int) -> Plan[list[int]]:
-    """The parents *job_id* still waits for (for :func:`sqlaq.explain`)."""
-    rows: Any = yield queries.waiting_for_stmt(job_id=job_id), None
-    return [row[0] for row in rows]

@@ -251,3 +251,18 @@ def test_the_sweep_releases_a_child_left_waiting(committed: Engine) -> None:
     with committed.begin() as conn:
         assert sqlaq.release_waiting(conn) == [child]
         assert sqlaq.release_waiting(conn) == []
+
+
+def test_explain_names_the_parents_a_job_waits_for(conn: Connection) -> None:
+    flow = sqlaq.chord(conn, [NewJob("m"), NewJob("m")], then=NewJob("sum"))
+    first, second = flow.job_ids
+    assert flow.callback_id is not None
+    reasons = sqlaq.explain(conn, flow.callback_id)
+    assert reasons[0].code == "parents"
+    assert reasons[0].message == f"waiting for 2 parent(s): ids {first}, {second}"
+    assert "not_due" not in [r.code for r in reasons]
+    jobs = {j.id: j for j in _claim_all(conn)}
+    sqlaq.complete(conn, jobs[first].lease)
+    assert sqlaq.explain(conn, flow.callback_id)[0].message == (
+        f"waiting for 1 parent(s): ids {second}"
+    )
