@@ -305,5 +305,7 @@ job_deps = Table(
     DEPS_TABLE,
     metadata,
     Column("parent_id", BigInteger, primary_key=True),
-    Column("child_id", BigInteger, primary_key=True, index=True),
+    Column("child_id", BigInteger, primary_key=True),
+    # "Any parent left?" probes it from the finishing parent's own position.
+    Index(None, "child_id", "parent_id"),
 )

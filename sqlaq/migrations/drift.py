@@ -110,7 +110,8 @@ EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
     ),
     "sqlaq_job_deps_child_id_idx": (
         DEPS_TABLE,
-        "CREATE INDEX sqlaq_job_deps_child_id_idx ON sqlaq_job_deps USING btree (child_id)",
+        "CREATE INDEX sqlaq_job_deps_child_id_idx ON sqlaq_job_deps USING btree "
+        "(child_id, parent_id)",
     ),
 }
 
@@ -173,24 +174,30 @@ EXPECTED_FUNCTIONS: Mapping[str, str] = {
     ),
     DEPS_FUNCTION: (
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_settle_children() RETURNS trigger LANGUAGE"
-        " plpgsql AS $function$ DECLARE children bigint[]; queues text[]; BEGIN IF "
-        "OLD.parent_ids IS NOT NULL THEN DELETE FROM sqlaq_job_deps WHERE child_id = "
-        "NEW.id; END IF; IF NOT NEW.has_dependents THEN RETURN NULL; END IF; WITH gone AS"
-        " (DELETE FROM sqlaq_job_deps WHERE parent_id = NEW.id RETURNING child_id) SELECT"
-        " array_agg(child_id) INTO children FROM gone; IF children IS NULL THEN RETURN "
-        "NULL; END IF; IF NEW.status <> 'done' THEN UPDATE sqlaq_jobs SET status = CASE "
-        "WHEN on_parent_failure = 'fail' THEN 'failed' ELSE 'cancelled' END, finished_at "
-        "= now(), last_error = format('parent job %s %s', NEW.id, NEW.status) WHERE id = "
-        "ANY (children) AND status = 'queued' AND run_at >= '9900-01-01 00:00:00+00' AND "
-        "coalesce(on_parent_failure, 'cancel') <> 'run'; END IF; WITH released AS ( "
-        "UPDATE sqlaq_jobs SET run_at = now() WHERE id = ANY (children) AND status = "
-        "'queued' AND run_at >= '9900-01-01 00:00:00+00' AND NOT EXISTS ( SELECT 1 FROM "
-        "sqlaq_job_deps d WHERE d.child_id = sqlaq_jobs.id) RETURNING queue ) SELECT "
-        "array_agg(DISTINCT queue) INTO queues FROM released; PERFORM "
-        "pg_notify('sqlaq_jobs', q) FROM unnest(queues) AS q; PERFORM "
-        "pg_notify('sqlaq_release', j.id::text) FROM sqlaq_jobs j WHERE j.id = ANY "
-        "(children) AND j.status = 'queued' AND j.run_at >= '9900-01-01 00:00:00+00'; "
-        "RETURN NULL; END $function$"
+        " plpgsql AS $function$ DECLARE children bigint[]; child bigint; other bigint; "
+        "released_queue text; BEGIN IF OLD.parent_ids IS NOT NULL THEN DELETE FROM "
+        "sqlaq_job_deps WHERE child_id = NEW.id; END IF; IF NOT NEW.has_dependents THEN "
+        "RETURN NULL; END IF; WITH gone AS (DELETE FROM sqlaq_job_deps WHERE parent_id = "
+        "NEW.id RETURNING child_id) SELECT array_agg(child_id) INTO children FROM gone; "
+        "IF children IS NULL THEN RETURN NULL; END IF; IF NEW.status <> 'done' THEN "
+        "UPDATE sqlaq_jobs SET status = CASE WHEN on_parent_failure = 'fail' THEN "
+        "'failed' ELSE 'cancelled' END, finished_at = now(), last_error = format('parent "
+        "job %s %s', NEW.id, NEW.status) WHERE id = ANY (children) AND status = 'queued' "
+        "AND run_at >= '9900-01-01 00:00:00+00' AND coalesce(on_parent_failure, 'cancel')"
+        " <> 'run'; END IF; FOREACH child IN ARRAY children LOOP -- Any parent left? "
+        "Probe up, then down, from this parent's own edge: the -- nearest live edge comes"
+        " first, not the dead ones of earlier parents. SELECT d.parent_id INTO other FROM"
+        " sqlaq_job_deps d WHERE d.child_id = child AND d.parent_id > NEW.id ORDER BY "
+        "d.parent_id LIMIT 1; IF other IS NULL THEN SELECT d.parent_id INTO other FROM "
+        "sqlaq_job_deps d WHERE d.child_id = child AND d.parent_id < NEW.id ORDER BY "
+        "d.parent_id DESC LIMIT 1; END IF; IF other IS NOT NULL THEN -- Its parent may be"
+        " finishing at this instant, unseen: check again -- after commit (whoever listens"
+        " on sqlaq_release). PERFORM pg_notify('sqlaq_release', child::text); ELSE "
+        "released_queue := NULL; UPDATE sqlaq_jobs SET run_at = now() WHERE id = child "
+        "AND status = 'queued' AND run_at >= '9900-01-01 00:00:00+00' RETURNING queue "
+        "INTO released_queue; IF released_queue IS NOT NULL THEN PERFORM "
+        "pg_notify('sqlaq_jobs', released_queue); END IF; END IF; END LOOP; RETURN NULL; "
+        "END $function$"
     ),
 }
 

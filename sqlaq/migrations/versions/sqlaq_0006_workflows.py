@@ -54,14 +54,19 @@ def upgrade() -> None:
         )
         """
     )
-    op.execute("CREATE INDEX sqlaq_job_deps_child_id_idx ON sqlaq_job_deps (child_id)")
+    # (child_id, parent_id): "is any parent left?" probes from the finishing parent's
+    # own position, up and down, so it meets a live edge at once instead of walking the
+    # dead edges of the parents that finished before it.
+    op.execute("CREATE INDEX sqlaq_job_deps_child_id_idx ON sqlaq_job_deps (child_id, parent_id)")
     op.execute(
         """
         CREATE FUNCTION sqlaq_jobs_settle_children() RETURNS trigger
         LANGUAGE plpgsql AS $$
         DECLARE
             children bigint[];
-            queues text[];
+            child bigint;
+            other bigint;
+            released_queue text;
         BEGIN
             IF OLD.parent_ids IS NOT NULL THEN
                 DELETE FROM sqlaq_job_deps WHERE child_id = NEW.id;
@@ -84,19 +89,32 @@ def upgrade() -> None:
                     AND run_at >= '9900-01-01 00:00:00+00'
                     AND coalesce(on_parent_failure, 'cancel') <> 'run';
             END IF;
-            WITH released AS (
-                UPDATE sqlaq_jobs SET run_at = now()
-                WHERE id = ANY (children) AND status = 'queued'
-                    AND run_at >= '9900-01-01 00:00:00+00'
-                    AND NOT EXISTS (
-                        SELECT 1 FROM sqlaq_job_deps d WHERE d.child_id = sqlaq_jobs.id)
-                RETURNING queue
-            )
-            SELECT array_agg(DISTINCT queue) INTO queues FROM released;
-            PERFORM pg_notify('sqlaq_jobs', q) FROM unnest(queues) AS q;
-            PERFORM pg_notify('sqlaq_release', j.id::text) FROM sqlaq_jobs j
-            WHERE j.id = ANY (children) AND j.status = 'queued'
-                AND j.run_at >= '9900-01-01 00:00:00+00';
+            FOREACH child IN ARRAY children LOOP
+                -- Any parent left? Probe up, then down, from this parent's own edge: the
+                -- nearest live edge comes first, not the dead ones of earlier parents.
+                SELECT d.parent_id INTO other FROM sqlaq_job_deps d
+                WHERE d.child_id = child AND d.parent_id > NEW.id
+                ORDER BY d.parent_id LIMIT 1;
+                IF other IS NULL THEN
+                    SELECT d.parent_id INTO other FROM sqlaq_job_deps d
+                    WHERE d.child_id = child AND d.parent_id < NEW.id
+                    ORDER BY d.parent_id DESC LIMIT 1;
+                END IF;
+                IF other IS NOT NULL THEN
+                    -- Its parent may be finishing at this instant, unseen: check again
+                    -- after commit (whoever listens on sqlaq_release).
+                    PERFORM pg_notify('sqlaq_release', child::text);
+                ELSE
+                    released_queue := NULL;
+                    UPDATE sqlaq_jobs SET run_at = now()
+                    WHERE id = child AND status = 'queued'
+                        AND run_at >= '9900-01-01 00:00:00+00'
+                    RETURNING queue INTO released_queue;
+                    IF released_queue IS NOT NULL THEN
+                        PERFORM pg_notify('sqlaq_jobs', released_queue);
+                    END IF;
+                END IF;
+            END LOOP;
             RETURN NULL;
         END
         $$
