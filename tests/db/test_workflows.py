@@ -3,6 +3,7 @@ policies, and parents finishing at the same instant on two connections."""
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import uuid
@@ -13,7 +14,7 @@ import pytest
 from sqlalchemy import Connection, Engine, text
 
 import sqlaq
-from sqlaq import InvalidJobError, NewJob
+from sqlaq import InvalidJobError, NewJob, admin
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -266,3 +267,20 @@ def test_explain_names_the_parents_a_job_waits_for(conn: Connection) -> None:
     assert sqlaq.explain(conn, flow.callback_id)[0].message == (
         f"waiting for 1 parent(s): ids {second}"
     )
+
+
+def test_sqlaq_show_prints_a_workflow_jobs_parents_only(
+    committed: Engine, database_url: str
+) -> None:
+    with committed.begin() as conn:
+        first, second = sqlaq.chain(conn, [NewJob("a"), NewJob("b")]).job_ids
+        plain = sqlaq.enqueue(conn, "plain").job_id
+    shown = {}
+    for job_id in (first, second, plain):
+        out = io.StringIO()
+        assert admin.run(["show", str(job_id), "--database-url", database_url], {}, out) == 0
+        shown[job_id] = out.getvalue()
+    assert "has_dependents     True\n" in shown[first]
+    assert f"parent_ids         [{first}]\n" in shown[second]
+    assert "on_parent_failure  cancel\n" in shown[second]
+    assert "parent_ids" not in shown[plain]
