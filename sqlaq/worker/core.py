@@ -192,7 +192,7 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 self._step(claiming=True)
-                if self.config.burst and self._quiet():
+                if self.config.burst and self._quiet() and not self._release_left():
                     break
                 self._sleep()
             self._shutdown()
@@ -377,6 +377,20 @@ class Worker:
                 ops.release_waiting(conn, job_ids=ids)
         except Exception as exc:
             _log.warning("could not release waiting jobs (the sweep will): %s", describe(exc))
+
+    def _release_left(self) -> bool:
+        """A burst worker with nothing due: release the waiting jobs whose parents have
+        all finished (it has neither a listener nor the leader's sweep), and go on if
+        there were any."""
+        try:
+            with self._engine.begin() as conn:
+                released = ops.release_waiting(conn)
+        except Exception as exc:
+            _log.warning("could not release waiting jobs: %s", describe(exc))
+            return False
+        if released:
+            self._fetcher.woken(self.config.queues)
+        return bool(released)
 
     def _time_out(self, run: Run) -> None:
         """*run*, a sync handler, is past its deadline and cannot be interrupted: write

@@ -122,3 +122,22 @@ def test_a_release_notification_makes_the_worker_check_the_job_again(committed: 
             conn.execute(text("SELECT pg_notify('sqlaq_release', :id)"), {"id": str(held)})
         (result,) = recorder.wait_for(1)
     assert result.job_id == held
+
+
+def test_a_burst_worker_releases_what_a_race_left_before_it_exits(committed: Engine) -> None:
+    """A burst worker has no listener and no leader's sweep: before it exits it
+    releases the waiting jobs whose parents have all finished, and runs them."""
+    registry = sqlaq.Registry()
+
+    @registry.handler("child")
+    def child(payload: dict[str, Any]) -> None:
+        pass
+
+    with committed.begin() as conn:
+        parent = sqlaq.enqueue(conn, "p", queue="elsewhere").job_id
+        held = sqlaq.enqueue(conn, "child", after=[parent]).job_id
+        conn.execute(text("DELETE FROM sqlaq_job_deps"))  # as if the parent finished
+    recorder = Recorder()
+    worker = fast_worker(committed, registry, recorder, burst=True)
+    worker.run()
+    assert [r.job_id for r in recorder.results] == [held]
