@@ -16,9 +16,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
+from sqlaq.bounds import DEFAULT_MAX_PAYLOAD_BYTES, set_max_payload_bytes
 from sqlaq.encoding import JobBatch, NewJob
 from sqlaq.errors import (
     ConfigError,
+    DatabaseUnavailableError,
     InvalidJobError,
     JobTimeoutError,
     LeaseLostError,
@@ -160,9 +162,11 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DEFAULT_BACKOFF",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
     "Backoff",
     "ClaimedJob",
     "ConfigError",
+    "DatabaseUnavailableError",
     "EnqueueOutcome",
     "EnqueueResult",
     "Handler",
@@ -228,6 +232,7 @@ __all__ = [
     "result",
     "resume",
     "retry",
+    "set_max_payload_bytes",
     "snooze",
     "sweep",
     "wait",

@@ -41,6 +41,7 @@ from sqlaq.commandline import (
     db_error,
     load_registry,
     one_line,
+    payload_limit,
     typed,
 )
 from sqlaq.errors import SchemaOutOfDateError, SqlaqError
@@ -267,6 +268,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = No
         if args.command == "pause" and args.by is None:
             user = environ.get("USER") or environ.get("LOGNAME") or "unknown"
             args.by = f"{user}@{socket.gethostname()}"
+        payload_limit(environ)
         url = database_url(args.database_url, environ)
         engine = database_engine(url, application_name="sqlaq-admin", notice=_notice)
         try:

@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeGuard, TypeVar
 
 import psycopg
+import tenacity
 from sqlalchemy.exc import DBAPIError
 
 from sqlaq import ops, periodic, queries, results
@@ -322,9 +323,12 @@ async def wait(
         JobNotFoundError: no job has this id, or it is not committed yet.
         InvalidJobError: *timeout* or *poll_interval* is not a usable duration.
         ConfigError: *conn_or_engine* is not an async engine, connection or session.
+        sqlalchemy.exc.OperationalError: the database stayed unavailable for all of
+            *timeout* (each read is retried until then, as :func:`sqlaq.wait` does).
     """
     engine = _async_engine_of(conn_or_engine)
     steps = results.waiting(job_id, timeout=timeout, poll_interval=poll_interval)
+    retrying = results.read_retrying(timeout)
     async with _FinishListener(engine) as listener:
         value: Any = None
         while True:
@@ -336,10 +340,12 @@ async def wait(
             if isinstance(step, float):
                 value = await listener.wait_for(job_id, step)
                 continue
-            async with engine.connect() as conn:
-                await conn.execution_options(isolation_level=results.READ_COMMITTED)
-                value = await _run(conn, step)
-                await conn.commit()
+            async for attempt in tenacity.AsyncRetrying(**retrying):
+                with attempt:
+                    async with engine.connect() as conn:
+                        await conn.execution_options(isolation_level=results.READ_COMMITTED)
+                        value = await _run(conn, step())
+                        await conn.commit()
 
 
 def _async_engine_of(target: object) -> AsyncEngine:

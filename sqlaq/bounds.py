@@ -15,13 +15,35 @@ Decisions written down here:
   ``Snooze(timedelta.max)`` ("snooze for ever"), a tenacity wait that returns 1e30
   seconds, or a backoff that grows past the ceiling all become :data:`MAX_DURATION`, so
   the outcome is always storable and the job is never lost or stuck ``running``.
+* **A payload is at most** :data:`DEFAULT_MAX_PAYLOAD_BYTES` **(1 MiB) of JSON** by
+  default, measured as the UTF-8 bytes of its compact encoding (what is sent to the
+  database). A bigger one is refused at enqueue with ``InvalidJobError`` (one line
+  naming both sizes), before any statement is built, so no job is half-written. Every
+  worker loads each payload it claims into memory, and the queue table is scanned and
+  vacuumed for as long as the job lives there: large data belongs elsewhere (a file,
+  object storage, a table of yours), with its reference in the payload.
+* **The limit is one per process** (:func:`set_max_payload_bytes`, or
+  ``SQLAQ_MAX_PAYLOAD_BYTES`` for the ``sqlaq`` and ``sqlaq-worker`` commands), not
+  per call: it is a property of the deployment (what its workers and table can carry),
+  not of one enqueue, and a per-call override would be a way around it at the one place
+  it matters. It may be set from 2 bytes (``{}``) to 255 MiB (jsonb's own ceiling).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-__all__ = ["MAX_DURATION", "clamp_duration", "duration_from_seconds"]
+from sqlaq.errors import ConfigError, InvalidJobError
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MAX_DURATION",
+    "check_payload_size",
+    "clamp_duration",
+    "duration_from_seconds",
+    "max_payload_bytes",
+    "set_max_payload_bytes",
+]
 
 #: The longest duration sqlaq stores or waits on: 100 years (36,525 days).
 MAX_DURATION = timedelta(days=36525)
@@ -47,3 +69,60 @@ def duration_from_seconds(seconds: float) -> timedelta:
     if seconds >= _MAX_SECONDS:
         return MAX_DURATION
     return timedelta(seconds=seconds)
+
+
+#: The largest payload enqueued unless the process sets another limit: 1 MiB of JSON
+#: (the UTF-8 bytes of its compact encoding).
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+#: The highest limit :func:`set_max_payload_bytes` takes: jsonb holds at most 255 MiB.
+_PAYLOAD_CEILING = 255 * 1024 * 1024
+_max_payload = DEFAULT_MAX_PAYLOAD_BYTES
+
+
+def set_max_payload_bytes(limit: int | None) -> None:
+    """Set this process's payload limit: the most bytes of JSON (UTF-8, compact
+    encoding) a job's payload may have; None restores :data:`DEFAULT_MAX_PAYLOAD_BYTES`.
+
+    Set it once at start-up, before enqueuing: it applies to every enqueue of the
+    process (sync and async, single and batch, the ORM's ``Job``), none overrides it.
+
+    Raises:
+        ConfigError: *limit* is not an int from 2 to 255 MiB (267,386,880).
+    """
+    global _max_payload
+    if limit is None:
+        _max_payload = DEFAULT_MAX_PAYLOAD_BYTES
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ConfigError(f"the payload limit must be an int (bytes), got {type(limit).__name__}")
+    if not 2 <= limit <= _PAYLOAD_CEILING:
+        raise ConfigError(
+            f"the payload limit must be from 2 to {_PAYLOAD_CEILING:,} bytes (255 MiB, "
+            f"jsonb's ceiling), got {limit:,}"
+        )
+    _max_payload = limit
+
+
+def max_payload_bytes() -> int:
+    """This process's payload limit, in bytes (see :func:`set_max_payload_bytes`)."""
+    return _max_payload
+
+
+def check_payload_size(text: str, where: str = "payload") -> str:
+    """Return *text*, a payload's JSON, if it is within this process's payload limit.
+
+    Raises:
+        InvalidJobError: its UTF-8 encoding is longer than the limit; the message names
+            *where* (``payload``, ``payloads[3]``), both sizes and the way out.
+    """
+    limit = _max_payload
+    if len(text) * 4 <= limit:  # a character is at most 4 bytes: the common case
+        return text
+    size = len(text) if text.isascii() else len(text.encode())
+    if size > limit:
+        raise InvalidJobError(
+            f"{where} is {size:,} bytes of JSON; the limit is {limit:,}: store large data "
+            "elsewhere and pass its reference, or raise the limit with "
+            "sqlaq.set_max_payload_bytes()"
+        )
+    return text

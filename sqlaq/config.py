@@ -10,15 +10,18 @@ must not read the environment (only the commands do) nor touch a database.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlaq.errors import ConfigError
 from sqlaq.ops import DEFAULT_LEASE
 from sqlaq.option import (
     AutoInteger,
     Boolean,
+    Condition,
     DatabaseUrl,
     Domain,
     Duration,
@@ -27,6 +30,9 @@ from sqlaq.option import (
     Option,
 )
 from sqlaq.schema import DEFAULT_QUEUE
+
+if TYPE_CHECKING:
+    from sqlalchemy import ColumnElement
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -37,11 +43,14 @@ __all__ = [
     "DEFAULT_QUEUES",
     "DEFAULT_RETAIN_DONE",
     "DEFAULT_RETAIN_FAILED",
+    "DEFAULT_START_TIMEOUT",
     "MAX_CONCURRENCY",
     "WORKER_OPTIONS",
     "WorkerConfig",
+    "check_options",
 ]
 
+#: The queues a worker serves when none is named: ``("default",)``.
 DEFAULT_QUEUES: tuple[str, ...] = (DEFAULT_QUEUE,)
 #: Jobs run at once, at most: sync handlers each hold a thread, async ones a slot on the
 #: loop. A ceiling, not a cost: threads start only as jobs need them (ten due jobs start
@@ -53,6 +62,8 @@ DEFAULT_CONCURRENCY = 100
 DEFAULT_POLL_INTERVAL = timedelta(seconds=5)
 #: How long a stopping worker lets running jobs finish before handing them back.
 DEFAULT_GRACE_PERIOD = timedelta(seconds=30)
+#: How long a starting worker retries a database that is unavailable (restarting).
+DEFAULT_START_TIMEOUT = timedelta(seconds=30)
 #: How often the maintenance thread runs: periodic jobs are also enqueued at each slot
 #: boundary, whatever the interval; the leader prunes and sweeps once per interval.
 DEFAULT_MAINTENANCE_INTERVAL = timedelta(seconds=60)
@@ -109,6 +120,11 @@ class WorkerConfig:
             10 ms).
         grace_period: On stop, how long running jobs may finish before they are handed
             back to the queue (status queued, due now, attempt refunded).
+        start_timeout: At start, how long to keep retrying a database that is
+            unavailable (a server restarting, refused or dropped connections: the
+            transient faults of :func:`sqlaq.transient.is_transient`) before giving up
+            with :class:`~sqlaq.errors.DatabaseUnavailableError`; 0 tries once. Other
+            faults (no schema, missing privileges) fail at once.
         burst: Run what is due, then stop (instead of waiting for more).
         listen: Wake on ``NOTIFY`` through a dedicated LISTEN connection. Without it the
             worker relies on polling alone.
@@ -133,6 +149,15 @@ class WorkerConfig:
             autovacuum's next look (:mod:`sqlaq.worker.vacuum`; needs the table's
             owner, or ``MAINTAIN`` on it on PostgreSQL 17+). False leaves it to
             autovacuum.
+        where: Serve only the jobs matching this condition (worker affinity): a
+            SQLAlchemy boolean clause over :data:`sqlaq.jobs` columns
+            (``sqlaq.jobs.c.payload["region"].astext == "eu"``), a sequence of them
+            (AND-ed), or SQL text over the table's columns (``payload->>'region' =
+            'eu'``, what ``--where`` gives; see :func:`sqlaq.queries.where_text`). It
+            goes into every claim, inside its locking subquery: other jobs are neither
+            claimed nor locked, and are left to other workers. The limits of limited
+            kinds stay global. Checked against the table when the worker starts.
+            None (the default) claims every job of the queues.
 
     Raises:
         ConfigError: an option has an unusable type or value; the message names it.
@@ -174,6 +199,14 @@ class WorkerConfig:
         default=DEFAULT_GRACE_PERIOD,
         metadata=_option(
             Duration(), "on stop, how long running jobs may finish before they are handed back"
+        ),
+    )
+    start_timeout: timedelta = field(
+        default=DEFAULT_START_TIMEOUT,
+        metadata=_option(
+            Duration(),
+            "at start, how long to retry a database that is unavailable (restarting) "
+            "before exiting 1",
         ),
     )
     burst: bool = field(default=False, metadata=_option(Boolean(), "run what is due, then exit 0"))
@@ -227,6 +260,14 @@ class WorkerConfig:
             "(--no-vacuum: autovacuum alone)",
         ),
     )
+    where: str | ColumnElement[bool] | Sequence[ColumnElement[bool]] | None = field(
+        default=None,
+        metadata=_option(
+            Condition(),
+            "claim only jobs matching this SQL boolean expression over the job's columns "
+            "(worker affinity), e.g. \"payload->>'region' = 'eu'\"",
+        ),
+    )
 
     def __post_init__(self) -> None:
         for option in WORKER_OPTIONS:
@@ -242,13 +283,7 @@ class WorkerConfig:
         Raises:
             ConfigError: an option is unknown or has an unusable value.
         """
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown worker option(s): {', '.join(unknown)}; "
-                f"known options are {', '.join(sorted(known))}"
-            )
+        check_options(options)
         current = {f.name: getattr(base, f.name) for f in fields(cls)} if base else {}
         return cls(**{**current, **options})
 
@@ -257,6 +292,28 @@ class WorkerConfig:
         """How often leases are renewed: a third of the lease, so two renewals may fail
         (a database blip, a busy host) before the lease runs out."""
         return self.lease / 3
+
+
+def check_options(given: Iterable[str], *, also: Iterable[str] = ()) -> None:
+    """Refuse names in *given* that are not worker options (nor in *also*, the other
+    keyword arguments the caller takes).
+
+    Raises:
+        ConfigError: one line naming each unknown option, the closest known name
+            (``did you mean 'concurrency'?``) and every declared option.
+    """
+    known = [option.name for option in WORKER_OPTIONS]
+    candidates = [*known, *also]
+    unknown = sorted(set(given) - set(candidates))
+    if not unknown:
+        return
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, candidates, n=1)
+        named.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    raise ConfigError(
+        f"unknown worker option(s): {', '.join(named)}; the options are {', '.join(sorted(known))}"
+    )
 
 
 #: The options of :class:`WorkerConfig`, in field order, as declared on its fields: what

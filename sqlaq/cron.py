@@ -1,4 +1,4 @@
-"""Standard 5-field cron schedules, in UTC. Pure: no clock, no SQL.
+"""Standard 5-field cron schedules, in UTC or in an IANA time zone. Pure: no clock, no SQL.
 
 ``minute hour day-of-month month day-of-week``, each field ``*``, a number, a range
 ``a-b``, a step ``*/n`` or ``a-b/n``, or a comma-separated list of those; months and
@@ -11,16 +11,31 @@ As in Vixie cron, when both day-of-month and day-of-week are restricted (neither
 
 The caller supplies the time (the database's ``now()``, for periodic jobs); this module
 only does calendar arithmetic on it.
+
+With a time zone, the fields are read on that zone's wall clock and each slot is the UTC
+instant that wall-clock time names. Where daylight saving time moves the clock:
+
+* **Skipped times** (the clock springs forward, e.g. 02:00-03:00 in Europe/Paris on the
+  last Sunday of March): a slot that falls in the gap is moved to the first instant
+  after it (03:00 local), as cronie and Vixie cron do. Several slots in the gap, and a
+  slot at that instant, are one slot: each instant is a slot at most once.
+* **Repeated times** (the clock falls back, e.g. 02:00-03:00 in Europe/Paris on the
+  last Sunday of October): a slot names its first occurrence only (02:30 summer time,
+  not 02:30 winter time an hour later).
+
+Either way slots stay distinct, increasing UTC instants.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlaq.errors import ConfigError
 
-__all__ = ["CronSchedule"]
+__all__ = ["CronSchedule", "time_zone"]
 
 _SHORTHANDS = {
     "@yearly": "0 0 1 1 *",
@@ -46,6 +61,29 @@ _FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (  # name, low, high
 # Every schedule that can match at all matches within this many days (a 29 February
 # that is also a given weekday recurs within 28 years).
 _SEARCH_DAYS = 366 * 28
+_MINUTE = timedelta(minutes=1)
+
+
+def time_zone(zone: ZoneInfo | str | None) -> ZoneInfo | None:
+    """*zone* as a :class:`~zoneinfo.ZoneInfo` (an IANA name such as ``"Europe/Paris"``
+    is looked up), or None for UTC.
+
+    Raises:
+        ConfigError: not a known IANA time zone, or neither a str nor a ZoneInfo.
+    """
+    if zone is None or isinstance(zone, ZoneInfo):
+        return zone
+    if not isinstance(zone, str):
+        raise ConfigError(
+            f"a time zone must be an IANA name (str) or a zoneinfo.ZoneInfo, "
+            f"got {type(zone).__name__}"
+        )
+    try:
+        return ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "Europe", a folder
+        raise ConfigError(
+            f"unknown time zone {zone!r}: give an IANA name such as 'Europe/Paris'"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +92,7 @@ class CronSchedule:
 
     Attributes:
         expression: The expression as given.
+        tz: The time zone its fields are read in; None for UTC.
     """
 
     expression: str
@@ -64,14 +103,17 @@ class CronSchedule:
     weekdays: frozenset[int]  # 0 = Sunday
     any_day: bool  # day of month is "*"
     any_weekday: bool  # day of week is "*"
+    tz: ZoneInfo | None = None
 
     @classmethod
-    def parse(cls, expression: str) -> CronSchedule:
-        """Parse *expression*.
+    def parse(cls, expression: str, tz: ZoneInfo | str | None = None) -> CronSchedule:
+        """Parse *expression*, read on the wall clock of *tz* (UTC by default).
 
         Raises:
-            ConfigError: not a 5-field cron expression; the message names the field.
+            ConfigError: not a 5-field cron expression (the message names the field),
+                or *tz* is not a known IANA time zone.
         """
+        zone = time_zone(tz)
         if not isinstance(expression, str):
             raise ConfigError(f"a cron schedule must be a str, got {type(expression).__name__}")
         text = _SHORTHANDS.get(expression.strip().lower(), expression)
@@ -94,6 +136,7 @@ class CronSchedule:
             frozenset(d % 7 for d in weekdays),
             any_day=parts[2] == "*",
             any_weekday=parts[4] == "*",
+            tz=zone,
         )
         if schedule.next_after(datetime(2000, 1, 1, tzinfo=UTC)) is None:
             raise ConfigError(f"cron schedule {expression!r} never matches a real date")
@@ -108,9 +151,67 @@ class CronSchedule:
             return in_month and in_week
         return in_month or in_week
 
+    @property
+    def zone(self) -> str:
+        """The time zone's IANA name, ``"UTC"`` without one."""
+        return "UTC" if self.tz is None else str(self.tz.key)
+
     def next_after(self, moment: datetime) -> datetime | None:
-        """The first slot strictly after *moment* (aware; compared in UTC), or None."""
-        start = _utc(moment).replace(second=0, microsecond=0) + timedelta(minutes=1)
+        """The first slot strictly after *moment* (aware; compared in UTC), or None.
+
+        Slots are UTC instants (``tzinfo=UTC``), whatever the schedule's time zone."""
+        utc = _utc(moment)
+        for wall in self._walls_from(self._wall(utc) + _MINUTE):
+            slot = self._instant(wall)
+            if slot > utc:  # not so only for first occurrences of a repeated hour
+                return slot
+        return None
+
+    def latest_at_or_before(self, moment: datetime) -> datetime | None:
+        """The last slot at or before *moment* (aware; compared in UTC), or None."""
+        utc = _utc(moment)
+        end = self._wall(utc)
+        if self.tz is not None:
+            # Wall-clock order is slot order, so the latest slot is the wall-clock time
+            # just before the first one after *moment*: in a repeated hour, wall-clock
+            # times after *moment*'s may name first occurrences before it.
+            for wall in self._walls_from(end + _MINUTE):
+                if self._instant(wall) > utc:
+                    end = wall - _MINUTE
+                    break
+        for wall in self._walls_back(end):
+            return self._instant(wall)
+        return None
+
+    def _wall(self, utc: datetime) -> datetime:
+        """The naive wall-clock minute of *utc* in the schedule's zone."""
+        local = utc if self.tz is None else utc.astimezone(self.tz)
+        return local.replace(second=0, microsecond=0, tzinfo=None, fold=0)
+
+    def _instant(self, wall: datetime) -> datetime:
+        """The slot (UTC) of the wall-clock time *wall*: its first occurrence, or, when
+        the clock skips it, the first instant after the gap."""
+        if self.tz is None:
+            return wall.replace(tzinfo=UTC)
+        before = wall.replace(tzinfo=self.tz, fold=0).astimezone(UTC)
+        if before.astimezone(self.tz).replace(tzinfo=None) == wall:
+            return before  # exists (fold=0 is the first occurrence of a repeated time)
+        # In a gap: fold=0 reads it with the offset before the change, fold=1 with the
+        # one after; the change lies between the two readings. Find it to the second.
+        after = wall.replace(tzinfo=self.tz, fold=1).astimezone(UTC)
+        low, high = min(before, after), max(before, after)
+        offset = high.astimezone(self.tz).utcoffset()
+        while high - low > timedelta(seconds=1):
+            middle = low + (high - low) / 2
+            middle = middle.replace(microsecond=0)
+            if middle.astimezone(self.tz).utcoffset() == offset:
+                high = middle
+            else:
+                low = middle
+        return high
+
+    def _walls_from(self, start: datetime) -> Iterator[datetime]:
+        """The matching wall-clock minutes at or after *start* (naive), ascending."""
         day = start.date()
         for offset in range(_SEARCH_DAYS):
             current = day + timedelta(days=offset)
@@ -123,13 +224,10 @@ class CronSchedule:
                 for minute in sorted(self.minutes):
                     if first is not None and hour == first.hour and minute < first.minute:
                         continue
-                    return datetime(current.year, current.month, current.day, hour, minute,
-                                    tzinfo=UTC)  # fmt: skip
-        return None
+                    yield datetime(current.year, current.month, current.day, hour, minute)
 
-    def latest_at_or_before(self, moment: datetime) -> datetime | None:
-        """The last slot at or before *moment* (aware; compared in UTC), or None."""
-        end = _utc(moment).replace(second=0, microsecond=0)
+    def _walls_back(self, end: datetime) -> Iterator[datetime]:
+        """The matching wall-clock minutes at or before *end* (naive), descending."""
         day = end.date()
         for offset in range(_SEARCH_DAYS):
             current = day - timedelta(days=offset)
@@ -142,9 +240,7 @@ class CronSchedule:
                 for minute in sorted(self.minutes, reverse=True):
                     if last is not None and hour == last.hour and minute > last.minute:
                         continue
-                    return datetime(current.year, current.month, current.day, hour, minute,
-                                    tzinfo=UTC)  # fmt: skip
-        return None
+                    yield datetime(current.year, current.month, current.day, hour, minute)
 
 
 def _utc(moment: datetime) -> datetime:

@@ -14,7 +14,14 @@ from typing import Any
 from sqlalchemy import URL, Dialect, Engine
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
-__all__ = ["KEEPALIVES", "connection_params"]
+__all__ = ["ASYNC_DRIVERS", "KEEPALIVES", "SYNC_DRIVER", "connection_params", "sync_url"]
+
+#: The driver of every blocking connection sqlaq makes itself: psycopg (3).
+SYNC_DRIVER = "postgresql+psycopg"
+#: Async drivers an application's ``DATABASE_URL`` often names; where sqlaq needs a
+#: blocking connection (the commands, a worker's threads, the pytest plugin), it uses
+#: :data:`SYNC_DRIVER` on the same URL instead.
+ASYNC_DRIVERS = frozenset({"postgresql+asyncpg", "postgresql+psycopg_async"})
 
 #: Reads a URL as psycopg's ``connect()`` arguments.
 _PSYCOPG: Dialect = PGDialect_psycopg()  # type: ignore[no-untyped-call]
@@ -26,6 +33,15 @@ KEEPALIVES = {
     "keepalives_interval": 10,
     "keepalives_count": 3,
 }
+
+
+def sync_url(url: URL) -> URL:
+    """*url* with a blocking driver: an async one (``postgresql+asyncpg``,
+    ``postgresql+psycopg_async``) and a bare ``postgresql``/``postgres`` become psycopg
+    (:data:`SYNC_DRIVER`); any other driver is kept as it is."""
+    if url.drivername in ASYNC_DRIVERS or url.drivername in {"postgresql", "postgres"}:
+        return url.set(drivername=SYNC_DRIVER)
+    return url
 
 
 def connection_params(target: Engine | URL, application_name: str) -> dict[str, Any]:

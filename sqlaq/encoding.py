@@ -33,6 +33,8 @@ Decisions written down here:
 * Times are intervals (``delay``), never timestamps: the database clock is the only
   clock, and ``run_at`` is always ``now() + delay``. Every duration is at most
   :data:`~sqlaq.bounds.MAX_DURATION` (100 years; see :mod:`sqlaq.bounds`).
+* A payload's JSON is at most this process's payload limit (1 MiB by default; see
+  :func:`~sqlaq.bounds.set_max_payload_bytes`), checked once it is encoded.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from decimal import Decimal
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, overload
 
-from sqlaq.bounds import MAX_DURATION
+from sqlaq.bounds import MAX_DURATION, check_payload_size
 from sqlaq.errors import InvalidJobError, shown
 from sqlaq.schema import (
     DEFAULT_MAX_ATTEMPTS,
@@ -547,7 +549,7 @@ class NewJob:
                 raise InvalidJobError("pass delay or run_at, not both")
         if self.timeout is not None:
             check_duration("timeout", self.timeout, allow_zero=False)
-        object.__setattr__(self, "payload_json", encode_payload(self.payload))
+        object.__setattr__(self, "payload_json", check_payload_size(encode_payload(self.payload)))
 
     def with_payloads(self, payloads: Iterable[Mapping[str, Any]]) -> JobBatch:
         """This job once per payload, every other field shared: a :class:`JobBatch`.
@@ -628,6 +630,11 @@ class JobBatch(Sequence[NewJob]):
                 raise InvalidJobError(
                     "a payload nests too deep to encode from this call stack; flatten it"
                 ) from None
+        try:
+            check_payload_size(text)  # the whole array within the limit: so is each payload
+        except InvalidJobError:
+            for index, payload in enumerate(batch):
+                check_payload_size(encode_payload(payload), f"payloads[{index}]")
         self.template = template
         self.payloads = batch
         self.payloads_json = text

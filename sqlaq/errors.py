@@ -7,6 +7,7 @@
     ├── InvalidJobError (ValueError)    enqueue input rejected before any SQL ran
     ├── LeaseLostError                  a fenced update matched no row; .job_ids
     ├── SchemaOutOfDateError            the database is not at sqlaq's head
+    ├── DatabaseUnavailableError        a worker could not reach its database at start
     ├── PermanentError                  raised by a handler: fail now, no retry
     ├── JobTimeoutError (TimeoutError)  an attempt ran past its handler's timeout
     └── Snooze                          raised by a handler: run again later, no attempt used
@@ -76,6 +77,14 @@ class LeaseLostError(SqlaqError):
 
 class SchemaOutOfDateError(SqlaqError):
     """The database's sqlaq schema is not at the revision this sqlaq needs."""
+
+
+class DatabaseUnavailableError(SqlaqError):
+    """A worker's database stayed unavailable (a transient fault: refused or dropped
+    connections, a server starting up or shutting down) for its whole ``start_timeout``.
+
+    ``sqlaq-worker`` exits 1 on it (worth restarting later), not 2 (a usage error).
+    """
 
 
 class PermanentError(SqlaqError):

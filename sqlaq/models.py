@@ -22,12 +22,14 @@ from uuid import UUID
 
 from sqlalchemy.orm import DeclarativeBase, Mapped, validates
 
+from sqlaq.bounds import check_payload_size
 from sqlaq.encoding import (
     check_dedupe_key,
     check_duration,
     check_int,
     check_name,
     check_run_at,
+    encode_payload,
     plain_payload,
 )
 from sqlaq.errors import InvalidJobError
@@ -113,9 +115,12 @@ class Job(_Base):
 
     @validates("payload")
     def _validate_payload(self, key: str, value: dict[str, Any] | None) -> dict[str, Any]:
-        # The column's own JSON serializer runs at flush: hand it plain values. None is
-        # {} here as in sqlaq.enqueue and NewJob.
-        return plain_payload({} if value is None else value)
+        # The column's own JSON serializer runs at flush: hand it plain values, within
+        # the process's payload limit (measured as enqueue measures it). None is {} here
+        # as in sqlaq.enqueue and NewJob.
+        plain = plain_payload({} if value is None else value)
+        check_payload_size(encode_payload(plain))
+        return plain
 
     @validates("priority")
     def _validate_priority(self, key: str, value: int) -> int:

@@ -2,7 +2,7 @@
 
 This module owns the *domains* of sqlaq's settings (:class:`Duration`, :class:`Integer`,
 :class:`AutoInteger`, :class:`Boolean`, :class:`Names`, :class:`Choice`, :class:`Text`,
-:class:`DatabaseUrl`, :class:`PrepareThreshold`) and :class:`Option`,
+:class:`Condition`, :class:`DatabaseUrl`, :class:`PrepareThreshold`) and :class:`Option`,
 one declared setting: its name, domain, default and help. A domain both parses text
 (``"5m"`` -> 5 minutes) and checks a Python value, with the same bounds, so the worker's
 Python API (:class:`~sqlaq.WorkerConfig`) and the commands refuse the same values. Every
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
+from sqlalchemy import ClauseElement, FromClause
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -33,6 +34,7 @@ __all__ = [
     "AutoInteger",
     "Boolean",
     "Choice",
+    "Condition",
     "DatabaseUrl",
     "Domain",
     "Duration",
@@ -371,6 +373,48 @@ class Text(Domain[str]):
     def show(self, value: str) -> str:
         """The text as given."""
         return str(value)
+
+
+@dataclass(frozen=True)
+class Condition(Domain[str | tuple[Any, ...] | None]):
+    """A condition on rows: SQLAlchemy boolean clauses (one, or a sequence of them,
+    AND-ed; kept as a tuple), or SQL text (what a flag or variable gives, kept as
+    text); None for none. Only the types are checked here: what the clauses or the
+    text mean is the statement builders' and the database's to judge."""
+
+    @property
+    def metavar(self) -> str:
+        """``SQL``."""
+        return "SQL"
+
+    def parse(self, text: str, label: str | None = None) -> str | tuple[Any, ...] | None:
+        """See :meth:`Domain.parse`; empty text is none."""
+        return self.check(text, label or "the condition")
+
+    def check(self, value: object, label: str) -> str | tuple[Any, ...] | None:
+        """See :meth:`Domain.check`."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            text = check_text(value, label).strip()
+            return text or None
+        clauses = tuple(value) if isinstance(value, Sequence) else (value,)
+        for clause in clauses:
+            if not isinstance(clause, ClauseElement) or isinstance(clause, FromClause):
+                raise ConfigError(
+                    f"{label} must be a SQLAlchemy boolean clause, a sequence of them, or "
+                    f"SQL text, got {_shown(clause)}: e.g. "
+                    "sqlaq.jobs.c.payload['region'].astext == 'eu'"
+                )
+        return clauses or None
+
+    def show(self, value: str | tuple[Any, ...] | None) -> str:
+        """``none``, the text, or ``<N clauses>``."""
+        if value is None:
+            return "none"
+        if isinstance(value, str):
+            return value
+        return f"<{len(value)} clause{'s' if len(value) != 1 else ''}>"
 
 
 #: The largest ``prepare_threshold``: psycopg's is a C int.

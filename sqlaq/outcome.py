@@ -119,8 +119,11 @@ class Outcome:
         return self.verdict not in (Verdict.LOST, Verdict.CANCELLED)
 
 
+#: The handler returned (nothing to store).
 DONE = Outcome(Verdict.DONE)
+#: The lease was lost: nothing of the attempt is written.
 LOST = Outcome(Verdict.LOST)
+#: The job was cancelled while it ran: nothing of the attempt is written.
 CANCELLED = Outcome(Verdict.CANCELLED)
 
 

@@ -24,6 +24,11 @@ Decisions written down here:
   them), in slot order.
 * Each job's ``dedupe_key`` is ``periodic:<name>:<slot>`` (slot in ISO 8601 UTC), so
   ``sqlaq list``/``show`` tell which slot a job is for.
+* **Time zones**: a schedule may be read on an IANA zone's wall clock (``tz=``); its
+  slots are still UTC instants, distinct and increasing, so the above holds unchanged.
+  Across daylight saving changes a slot in a skipped hour runs once, at the first
+  instant after the gap, and a slot in a repeated hour once, at its first occurrence
+  (see :mod:`sqlaq.cron`).
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlaq import ops, queries
-from sqlaq.cron import CronSchedule
+from sqlaq.cron import CronSchedule, time_zone
 from sqlaq.drive import Plan, operation, plan_of
 from sqlaq.encoding import NewJob, check_name
 from sqlaq.errors import ConfigError, InvalidJobError
@@ -54,7 +60,7 @@ class Periodic:
     Attributes:
         name: Unique among periodic jobs; the key of its ``sqlaq_periodic`` row.
             Renaming it starts afresh (first sight).
-        schedule: When (5-field cron, UTC).
+        schedule: When (5-field cron, in ``schedule.tz``, UTC by default).
         kind: The job's kind.
         payload: The job's payload.
         queue: The job's queue.
@@ -84,13 +90,23 @@ class Periodic:
         priority: int = 0,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         backfill: bool = False,
+        tz: ZoneInfo | str | None = None,
     ) -> Periodic:
-        """A checked Periodic: the schedule parsed, the job's fields validated.
+        """A checked Periodic: the schedule parsed (read in time zone *tz*, UTC by
+        default), the job's fields validated.
 
         Raises:
-            ConfigError: the schedule, a name or a job field is unusable.
+            ConfigError: the schedule, the time zone, a name or a job field is unusable.
         """
-        cron = schedule if isinstance(schedule, CronSchedule) else CronSchedule.parse(schedule)
+        if isinstance(schedule, CronSchedule):
+            cron = schedule
+            if tz is not None and time_zone(tz) != schedule.tz:
+                raise ConfigError(
+                    f"schedule {schedule.expression!r} is already in time zone "
+                    f"{schedule.zone!r}: pass tz=None or parse it with tz={tz!r}"
+                )
+        else:
+            cron = CronSchedule.parse(schedule, tz=tz)
         periodic = cls(
             name=kind if name is None else name,
             schedule=cron,

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypedDict, TypeVar, Unpack, cast
+from zoneinfo import ZoneInfo
 
 import tenacity
 
@@ -91,7 +92,9 @@ class HandlerOptions(TypedDict, total=False):
             "timed out after ..."), due again no sooner than its lease length, so
             another worker takes it only once the lease it held has run out; its
             slot stays taken until the thread returns, and whatever it returns
-            then is not written.
+            then is not written. A sync handler that returns after its deadline
+            has timed out all the same, never done; a transactional one has its
+            transaction rolled back.
     """
 
     max_attempts: int
@@ -219,6 +222,7 @@ class Registry:
         priority: int = 0,
         max_attempts: int | None = None,
         backfill: bool = False,
+        tz: ZoneInfo | str | None = None,
     ) -> Callable[[F], F]:
         """Enqueue a job of *kind* on the cron *schedule*, and register the decorated
         function as its handler if the kind has none yet.
@@ -229,23 +233,36 @@ class Registry:
             @registry.periodic("0 * * * *", kind="hourly_report", payload={"scope": "all"})
             def hourly_report(payload): ...
 
+        With *tz* the schedule is read on that time zone's wall clock::
+
+            @registry.periodic("0 9 * * mon-fri", kind="digest", tz="Europe/Paris")
+            def digest(payload): ...
+
         To give the handler options, put ``@registry.periodic`` above
         ``@registry.handler(...)``; to schedule a kind registered elsewhere, call
         :meth:`add_periodic`.
 
         Args:
-            schedule: 5-field cron (``minute hour day month weekday``), in UTC; or
-                ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``.
+            schedule: 5-field cron (``minute hour day month weekday``), in UTC unless
+                *tz* is given; or ``@hourly``, ``@daily``, ``@weekly``, ``@monthly``,
+                ``@yearly``.
             kind: The job's kind; default the function's name.
             payload: The job's payload (the same for every slot).
             name: Unique name of this schedule; default the kind.
-            queue, priority: The job's.
+            queue: The job's queue.
+            priority: The job's priority.
             max_attempts: The job's; default the handler's.
             backfill: After a time with no worker running, enqueue every missed slot
                 (the latest 1000), not only the latest one.
+            tz: The IANA time zone the schedule is read in (a
+                :class:`~zoneinfo.ZoneInfo` or its name, e.g. ``"Europe/Paris"``);
+                default UTC. When daylight saving time skips an hour, a slot in it runs
+                once, at the first instant after the gap (03:00 for 02:30); when it
+                repeats an hour, a slot in it runs once, at its first occurrence.
 
         Raises:
-            ConfigError: a bad schedule or option, or a name already scheduled.
+            ConfigError: a bad schedule, time zone or option, or a name already
+                scheduled.
         """
 
         def register(func: F) -> F:
@@ -268,6 +285,7 @@ class Registry:
                 priority=priority,
                 max_attempts=max_attempts,
                 backfill=backfill,
+                tz=tz,
             )
             return func
 
@@ -284,6 +302,7 @@ class Registry:
         priority: int = 0,
         max_attempts: int | None = None,
         backfill: bool = False,
+        tz: ZoneInfo | str | None = None,
     ) -> Periodic:
         """Schedule jobs of the registered *kind*: :meth:`periodic` without a function.
 
@@ -300,6 +319,7 @@ class Registry:
             priority=priority,
             max_attempts=entry.max_attempts if max_attempts is None else max_attempts,
             backfill=backfill,
+            tz=tz,
         )
         if periodic.name in self._periodic:
             raise ConfigError(

@@ -29,14 +29,16 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeAlias
 from uuid import UUID
 
 import psycopg
+import tenacity
 from sqlalchemy import Connection, Engine
 
 from sqlaq import queries
@@ -47,6 +49,7 @@ from sqlaq.encoding import check_duration, encode_value
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
 from sqlaq.lease import Lease
 from sqlaq.schema import FINISH_CHANNEL, FINISHED_STATUSES, JobStatus
+from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -59,6 +62,7 @@ __all__ = [
     "WaitTimeoutError",
     "complete_with_result",
     "encode_result",
+    "read_retrying",
     "result",
     "wait",
     "waiting",
@@ -249,9 +253,13 @@ def wait(
         JobNotFoundError: no job has this id, or it is not committed yet.
         InvalidJobError: *timeout* or *poll_interval* is not a duration of at most 100
             years (zero is allowed for *timeout*: look once).
+        sqlalchemy.exc.OperationalError: the database stayed unavailable (refused
+            connections, "too many connections", a restart) for all of *timeout*: each
+            read is retried until then (:func:`read_retrying`).
     """
     engine = _engine_of(conn_or_engine)
     steps = waiting(job_id, timeout=timeout, poll_interval=poll_interval)
+    retrying = read_retrying(timeout)
     with _FinishListener(engine) as listener:
         value: Any = None
         while True:
@@ -263,15 +271,17 @@ def wait(
             if isinstance(step, float):
                 value = listener.wait_for(job_id, step)
                 continue
-            with engine.connect() as conn:
-                conn = conn.execution_options(isolation_level=READ_COMMITTED)
-                value = run(conn, step)
-                conn.commit()
+            for attempt in tenacity.Retrying(**retrying):
+                with attempt, engine.connect() as conn:
+                    conn = conn.execution_options(isolation_level=READ_COMMITTED)
+                    value = run(conn, step())
+                    conn.commit()
 
 
-#: What :func:`waiting` yields: a plan to run on a connection of the waiter's own (in
-#: READ COMMITTED, committed after it), or how many seconds to listen for the job's id.
-WaitStep: TypeAlias = "Plan[JobOutcome] | float"
+#: What :func:`waiting` yields: what makes a plan to run on a connection of the waiter's
+#: own (in READ COMMITTED, committed after it; called again for each retry of the read),
+#: or how many seconds to listen for the job's id.
+WaitStep: TypeAlias = "Callable[[], Plan[JobOutcome]] | float"
 #: The isolation of the waiter's reads: each statement sees what committed before it.
 READ_COMMITTED = "READ COMMITTED"
 
@@ -282,7 +292,8 @@ def waiting(
     """How :func:`wait` (and :func:`sqlaq.asyncio.wait`) waits, without its I/O.
 
     The arguments are checked now, before anything connects; the generator then yields
-    the steps: a plan (run it, send back its :class:`JobOutcome`), or seconds to
+    the steps: what makes a plan (call it, run the plan, send back its
+    :class:`JobOutcome`; a read retried calls it again), or seconds to
     listen (send back anything). It returns the finished outcome, or raises
     :class:`WaitTimeoutError` once *timeout* has passed.
 
@@ -299,13 +310,13 @@ def waiting(
 def _waiting(job_id: int, limit: timedelta, every: float) -> Generator[WaitStep, Any, JobOutcome]:
     deadline = time.monotonic() + limit.total_seconds()
     # The driver listens before this first step: no notification is missed.
-    outcome: JobOutcome = yield _watch(job_id)
+    outcome: JobOutcome = yield partial(_watch, job_id)
     while not outcome.finished:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise WaitTimeoutError(outcome, limit)
         yield float(min(every, remaining))
-        outcome = yield _read(job_id)
+        outcome = yield partial(_read, job_id)
     return outcome
 
 
@@ -316,6 +327,33 @@ def _outcome(row: Any) -> JobOutcome:
         result=row.result,
         error=row.last_error,
         finished_at=row.finished_at,
+    )
+
+
+def read_retrying(timeout: timedelta | float) -> dict[str, Any]:
+    """How :func:`wait` and :func:`sqlaq.asyncio.wait` retry each read: tenacity's
+    arguments (``Retrying(**...)``, ``AsyncRetrying(**...)``). A transient fault
+    (:func:`sqlaq.transient.is_transient`: a refused or dropped connection, "too many
+    connections") is retried with the worker's backoff for up to *timeout*, each retry
+    logged; anything else, or the fault still there after *timeout*, is raised as it is.
+    A retried read is harmless: marking a job awaited twice changes nothing."""
+    limit = _duration("timeout", timeout, allow_zero=True).total_seconds()
+    return {
+        "retry": tenacity.retry_if_exception(is_transient),
+        "stop": tenacity.stop_after_delay(limit),
+        "wait": lambda state: DATABASE_BACKOFF(state.attempt_number).total_seconds(),
+        "before_sleep": _log_read_retry,
+        "reraise": True,
+    }
+
+
+def _log_read_retry(state: tenacity.RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    _log.warning(
+        "wait: database unavailable (attempt %d), reading again in %.2fs: %s",
+        state.attempt_number,
+        state.upcoming_sleep,
+        describe(error) if error is not None else "",
     )
 
 

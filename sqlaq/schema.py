@@ -172,8 +172,11 @@ NAMING_CONVENTION = {
     "pk": "%(table_name)s_pkey",
 }
 
+#: The MetaData of sqlaq's tables (with its naming convention): a host's Alembic env.py
+#: never hands it to autogenerate (see :func:`sqlaq.migrations.include_name`).
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
+#: The jobs table, ``sqlaq_jobs``: one row per job, from enqueue until pruned.
 jobs = Table(
     TABLE_NAME,
     metadata,

@@ -22,17 +22,29 @@ __all__ = ["DATABASE_BACKOFF", "describe", "is_transient"]
 DATABASE_BACKOFF = Backoff(base=timedelta(milliseconds=50), cap=timedelta(seconds=5))
 
 
+#: SQLSTATEs that waiting may cure: connection exceptions (08), insufficient resources
+#: (53: too many connections, out of memory or disk), an administrator's or a crash's
+#: shutdown and "the database system is starting up" (57P01-03), serialization
+#: failures and deadlocks.
+_TRANSIENT_STATES = ("08", "53", "57P01", "57P02", "57P03", "40001", "40P01")
+
+
 def is_transient(error: BaseException) -> bool:
     """True for a database error that waiting may cure.
 
     A connection lost or invalidated (server restart, ``pg_terminate_backend``,
     network), a pool timeout, and PostgreSQL's operational errors, which include
-    serialization failures (40001), deadlocks (40P01), admin shutdown and "the database
-    system is starting up".
+    serialization failures (40001), deadlocks (40P01), admin shutdown, "the database
+    system is starting up" and "too many connections" (53300), whichever driver
+    reports them.
     """
     if isinstance(error, sa_exc.DBAPIError):
-        return error.connection_invalidated or isinstance(
-            error, sa_exc.OperationalError | sa_exc.InterfaceError
+        return (
+            error.connection_invalidated
+            or isinstance(error, sa_exc.OperationalError | sa_exc.InterfaceError)
+            # A driver that does not say OperationalError (asyncpg's "too many
+            # connections" is a plain DBAPIError): its SQLSTATE says it.
+            or str(getattr(error.orig, "sqlstate", None) or "").startswith(_TRANSIENT_STATES)
         )
     return isinstance(
         error, sa_exc.TimeoutError | psycopg.OperationalError | psycopg.InterfaceError

@@ -71,6 +71,7 @@ def embedded_server(prefix: str = "sqlaq-test-pg-") -> Iterator[str]:
     from sqlaq import embedded
 
     folder = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(folder, 0o755)  # noqa: S103 - as root, the server runs as another OS user
     try:
         yield embedded.database_url(folder)
     finally:

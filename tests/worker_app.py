@@ -170,3 +170,13 @@ periodic_registry = sqlaq.Registry()
 def tick(payload: dict[str, Any]) -> None:
     """Record the run of a periodic job."""
     record()
+
+
+@registry.handler("until_cancelled")
+def until_cancelled(payload: dict[str, Any]) -> None:
+    """Record the run, then wait (up to a minute) until the job is cancelled."""
+    record()
+    deadline = time.monotonic() + 60
+    while not sqlaq.current_job().cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+    record("cancelled")

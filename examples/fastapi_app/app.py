@@ -4,7 +4,7 @@
 ``AsyncSession`` transaction: both commit, or (an error in the endpoint) neither. A
 worker runs inside the app's lifespan, on the app's event loop; ``ship_order`` is a
 transactional handler, so marking the order shipped commits with the job's ``done``.
-``GET /jobs/{job_id}?wait=5`` waits up to 5 s for the job to finish
+``GET /jobs/{job_id}?wait_seconds=5`` waits up to 5 s for the job to finish
 (``sqlaq.asyncio.wait``: woken by its notification, the event loop free meanwhile).
 
 Run it (the database must have sqlaq's tables and ``orders``: ``init_database`` makes

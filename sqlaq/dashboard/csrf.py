@@ -40,6 +40,7 @@ __all__ = ["COOKIE", "FIELD", "MIN_SECRET_BYTES", "CsrfError", "Tokens", "set_co
 
 #: The cookie and the form field that carry the token.
 COOKIE = "sqlaq_csrf"
+#: The form field that carries the token (the cookie is :data:`COOKIE`).
 FIELD = "csrf_token"
 #: The shortest secret :class:`Tokens` takes.
 MIN_SECRET_BYTES = 16

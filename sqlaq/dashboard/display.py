@@ -1,7 +1,8 @@
 """How the dashboard's templates show values: Jinja2 filters, pure functions.
 
-Times are shown in UTC (the clock of cron schedules and of the plots), durations in
-the largest unit that keeps them short (``3.2m``), as ``sqlaq stats`` does.
+Times are shown in UTC (the clock of the plots, and of schedule slots whatever a
+schedule's time zone), durations in the largest unit that keeps them short (``3.2m``),
+as ``sqlaq stats`` does.
 """
 
 from __future__ import annotations

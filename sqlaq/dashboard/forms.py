@@ -40,6 +40,7 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: The window of the throughput chart when the page names none: the last 3 hours.
 DEFAULT_HOURS = 3
 #: The failures page's default range: failed jobs are kept 30 days by default.
 DEFAULT_FAILURES_SINCE = timedelta(days=7)

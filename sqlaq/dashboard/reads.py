@@ -45,6 +45,7 @@ WINDOWS: Mapping[int, timedelta] = {
     12: timedelta(minutes=5),
     24: timedelta(minutes=10),
 }
+#: Every job status, in :class:`~sqlaq.JobStatus` order: the columns of the counts.
 STATUSES = tuple(s.value for s in JobStatus)
 #: The outcomes of the throughput plot, in the order of its series.
 OUTCOMES = tuple(s.value for s in (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED))
@@ -301,12 +302,14 @@ def workers(conn: Connection, registry: Registry | None) -> Workers:
 @dataclass(frozen=True)
 class Schedule:
     """One periodic schedule: its ``sqlaq_periodic`` row and, with a registry, what it
-    declares. ``next_slot`` is known only from the registry's schedule."""
+    declares. ``zone`` (the time zone the expression is read in) and ``next_slot`` are
+    known only from the registry's schedule."""
 
     name: str
     last_slot: datetime | None
     updated_at: datetime | None
     expression: str | None = None
+    zone: str | None = None
     kind: str | None = None
     next_slot: datetime | None = None
 
@@ -326,6 +329,7 @@ def schedules(conn: Connection, registry: Registry | None) -> list[Schedule]:
                 last_slot=row.last_slot if row else None,
                 updated_at=row.updated_at if row else None,
                 expression=periodic.schedule.expression if periodic else None,
+                zone=periodic.schedule.zone if periodic else None,
                 kind=periodic.kind if periodic else None,
                 next_slot=periodic.schedule.next_after(now) if periodic else None,
             )

@@ -11,8 +11,10 @@ from uuid import UUID
 from sqlaq.errors import ConfigError, LeaseLostError, shown
 from sqlaq.lease import Lease
 
+#: How long a claim holds its jobs unless told otherwise: 30 seconds.
 DEFAULT_LEASE = timedelta(seconds=30)
 
+#: The default *limit* of :func:`prune` and :func:`sweep`: jobs handled per call.
 DEFAULT_PRUNE_BATCH = 1000
 
 _INT4_MAX = 2_147_483_647

@@ -85,25 +85,26 @@ def claim(
         queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=kinds
     )
     if where is not None and not (isinstance(where, Sequence) and not where):
-        stmt = _narrowed_claim(where, bool(kinds))
+        stmt = _narrowed_claim(where, "excluding" if kinds else "")
     else:
         stmt = _CLAIM_EXCLUDING if kinds else _CLAIM
     claimed = yield stmt, params
     return _claimed(claimed.all(), worker_id, lease)
 
 
-# Narrowed claims, by the identity of their clause(s) and whether they exclude kinds.
-# Each entry keeps its clauses alive, so an id cannot be reused while it is cached.
-_NARROWED: dict[tuple[tuple[int, ...], bool], tuple[tuple[object, ...], Any]] = {}
+# Narrowed claims, by the identity of their clause(s) and their variant ("": plain,
+# "excluding": excluding kinds, "kind": one kind's). Each entry keeps its clauses alive,
+# so an id cannot be reused while it is cached.
+_NARROWED: dict[tuple[tuple[int, ...], str], tuple[tuple[object, ...], Any]] = {}
 
 _NARROWED_MAX = 64
 
 _NARROWED_LOCK = threading.Lock()
 
 
-def _narrowed_claim(where: Any, excluding: bool) -> Any:
+def _narrowed_claim(where: Any, variant: str) -> Any:
     clauses = tuple(where) if isinstance(where, Sequence) else (where,)
-    key = (tuple(map(id, clauses)), excluding)
+    key = (tuple(map(id, clauses)), variant)
     cached = _NARROWED.get(key)
     if cached is not None and all(a is b for a, b in zip(cached[0], clauses, strict=True)):
         return cached[1]
@@ -112,7 +113,8 @@ def _narrowed_claim(where: Any, excluding: bool) -> Any:
         worker_id=_NIL,
         limit=1,
         lease=DEFAULT_LEASE,
-        exclude_kinds=["_"] if excluding else (),
+        kind="_" if variant == "kind" else None,
+        exclude_kinds=["_"] if variant == "excluding" else (),
         where=list(clauses),
     )
     with _NARROWED_LOCK:  # worker threads claim at once
@@ -132,6 +134,7 @@ def claim_limited(
     lease: timedelta = DEFAULT_LEASE,
     concurrency: int | None = None,
     rate: Rate | str | None = None,
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
 ) -> Plan[LimitedClaim]:
     """Claim due jobs of one *kind* of *queue* within the kind's global limits.
 
@@ -144,9 +147,13 @@ def claim_limited(
     It must run in a transaction (not in autocommit): the lock is held until the caller
     commits, and the next claim of the kind waits for it. Commit at once.
 
+    *where* narrows the claim as :func:`claim`'s does: only the kind's jobs matching it
+    are claimed (and locked). The limits stay the kind's, counted over all its jobs:
+    a job of the kind running elsewhere, matching or not, holds one of its slots.
+
     Raises:
-        ConfigError: *limit* or *concurrency* is not a positive int, or *rate* is not
-            a rate.
+        ConfigError: *limit* or *concurrency* is not a positive int, *rate* is not
+            a rate, or *where* not a clause over ``sqlaq.jobs``.
         InvalidJobError: *lease* is not a positive timedelta of at most 100 years, or
             *queue* or *kind* is not a name.
     """
@@ -161,6 +168,8 @@ def claim_limited(
         _check_positive("concurrency", concurrency)
     if isinstance(rate, str):
         rate = Rate.parse(rate)
+    narrowed = where is not None and not (isinstance(where, Sequence) and not where)
+    stmt = _narrowed_claim(where, "kind") if narrowed else _CLAIM_KIND
     yield _LOCK_KIND, {"b_kind": kind}
     state = yield _KIND_STATE, queries.kind_limit_state_params(kind=kind, rate=rate)
     running, recent, pivot, now = state.one()
@@ -178,7 +187,7 @@ def claim_limited(
         params = queries.claim_params(
             queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
         )
-        claimed_rows = yield _CLAIM_KIND, params
+        claimed_rows = yield stmt, params
         jobs = _claimed(claimed_rows.all(), worker_id, lease)
     if rate is not None and jobs:
         yield _RECORD_STARTS, queries.record_starts_params(kind=kind, rate=rate, started=len(jobs))

@@ -59,6 +59,7 @@ from sqlaq.queries.catalog import (
     catalog_tables_stmt,
     catalog_triggers_stmt,
     has_schema_revision_stmt,
+    ping_stmt,
     privileges_stmt,
     schema_revision_stmt,
 )
@@ -70,6 +71,8 @@ from sqlaq.queries.claim import (
     lock_kind_stmt,
     record_starts_params,
     record_starts_stmt,
+    where_check_stmt,
+    where_text,
 )
 from sqlaq.queries.columns import (
     CLAIM_COLUMNS,
@@ -250,6 +253,7 @@ __all__ = [
     "periodic_insert_stmt",
     "periodic_lock_stmt",
     "periodic_slots_stmt",
+    "ping_stmt",
     "privileges_stmt",
     "prune_stmt",
     "prune_unique_holds_stmt",
@@ -281,5 +285,7 @@ __all__ = [
     "wait_percentiles_stmt",
     "waiting_for_stmt",
     "watch_job_stmt",
+    "where_check_stmt",
+    "where_text",
     "workers_stmt",
 ]

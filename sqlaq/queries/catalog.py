@@ -205,6 +205,12 @@ def has_schema_revision_stmt() -> Any:
     )
 
 
+def ping_stmt() -> Any:
+    """Select 1: a round trip proving a connection is alive (a transactional handler's,
+    in its transaction, before the handler runs)."""
+    return select(literal_column("1"))
+
+
 def schema_revision_stmt() -> Any:
     """Select the sqlaq revision the schema records (fails if the marker is missing)."""
     return select(getattr(func, REVISION_FUNCTION)())

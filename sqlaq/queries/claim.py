@@ -27,6 +27,8 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    text,
+    type_coerce,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, insert
@@ -200,6 +202,32 @@ def _where_clauses(
                 "test other tables inside a subquery, e.g. exists().where(...)"
             )
     return clauses
+
+
+def where_text(expression: str) -> ColumnElement[bool]:
+    """An operator's SQL boolean *expression* over ``sqlaq_jobs`` columns as a clause for
+    ``where=`` (the ``sqlaq-worker --where`` option), e.g. ``payload->>'region' = 'eu'``.
+
+    The text is SQL, sent as written (``sqlalchemy.text()``): configuration of the
+    operator's, trusted as a database URL is, never text from a job or a user. It is
+    parenthesised, on a line of its own, so an ``OR`` in it (or a trailing ``--``
+    comment) cannot reach beyond it once AND-ed into a claim; a colon in it is a colon,
+    never a bind parameter (``payload->>'at' > '12:30'``, ``payload::text``).
+    """
+    escaped = expression.replace(":", "\\:")
+    return type_coerce(text(f"({escaped}\n)"), Boolean)
+
+
+def where_check_stmt(*, where: ColumnElement[bool] | Sequence[ColumnElement[bool]]) -> Select[Any]:
+    """Check that *where* runs against ``sqlaq_jobs``: ``SELECT id FROM sqlaq_jobs WHERE
+    <where> LIMIT 0``. PostgreSQL parses, resolves and types the clauses (an unknown
+    column, a type mismatch, a syntax error fail here) without reading a row.
+
+    Raises:
+        ConfigError: *where* is not a SQLAlchemy clause, or uses another table beside
+            ``sqlaq_jobs`` (see :func:`claim_stmt`).
+    """
+    return select(c.id).where(*_where_clauses(where)).limit(literal_column("0", Integer))
 
 
 def lock_kind_stmt(*, kind: str) -> Select[Any]:

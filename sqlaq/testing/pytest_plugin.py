@@ -10,7 +10,9 @@ Fixtures:
     A database of its own, created on the server named by ``--sqlaq-database-url``,
     ``SQLAQ_TEST_DATABASE_URL`` or ``DATABASE_URL`` (the database in that URL is only
     used to create and drop it), migrated to sqlaq's head, and dropped at the end of
-    the session. Override this fixture to use a database your own migrations built.
+    the session. Its URL names psycopg (sync), whatever driver the given one names:
+    an async application's ``postgresql+asyncpg://`` is fine. Override this fixture to
+    use a database your own migrations built.
 ``sqlaq_engine`` (session)
     An Engine on it.
 ``sqlaq_connection``
@@ -37,6 +39,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from sqlaq import migrations
+from sqlaq.dsn import sync_url
 
 __all__ = [
     "sqlaq_connection",
@@ -73,7 +76,9 @@ def _server_url(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def sqlaq_database_url(pytestconfig: pytest.Config) -> Iterator[str]:
     """A migrated database of the session's own; dropped at the end."""
-    server = make_url(_server_url(pytestconfig))
+    # The fixtures are synchronous: an async URL (an application's DATABASE_URL often
+    # names asyncpg) is used with psycopg, as the commands do.
+    server = sync_url(make_url(_server_url(pytestconfig)))
     name = f"sqlaq_pytest_{uuid4().hex[:12]}"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     try:

@@ -40,11 +40,14 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
+import psycopg
 from sqlalchemy import Engine, create_engine
+from sqlalchemy import exc as sa_exc
 
 from sqlaq import ops, queries
-from sqlaq.config import WorkerConfig
-from sqlaq.errors import ConfigError
+from sqlaq.config import WorkerConfig, check_options
+from sqlaq.dsn import ASYNC_DRIVERS, SYNC_DRIVER, sync_url
+from sqlaq.errors import ConfigError, SchemaOutOfDateError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -53,12 +56,14 @@ from sqlaq.outcome import Outcome, Verdict, decide
 from sqlaq.registry import Registry
 from sqlaq.schema import CANCEL_CHANNEL, CHANNEL, RELEASE_CHANNEL
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
+from sqlaq.worker import pool
 from sqlaq.worker.fetcher import Fetcher
 from sqlaq.worker.leases import Leases
 from sqlaq.worker.listener import Listener, Waker, connection_params
 from sqlaq.worker.pacing import Pace
 from sqlaq.worker.run import Finished, JobResult, Run, timed_out
 from sqlaq.worker.runner import Runner
+from sqlaq.worker.startup import schema_mismatch, start_check
 from sqlaq.worker.transaction import Sessions
 from sqlaq.worker.vacuum import DrainVacuum
 from sqlaq.worker.writer import Batch, Writer, Written
@@ -69,7 +74,9 @@ _log = logging.getLogger("sqlaq.worker")
 
 #: After the grace period, how long to keep trying to write outcomes and hand jobs back.
 FINAL_WRITE_SECONDS = 5.0
+#: The ``application_name`` of a worker's connections (``pg_stat_activity`` shows it).
 WORKER_APPLICATION_NAME = "sqlaq-worker"
+#: The ``application_name`` of a worker's LISTEN connection.
 LISTENER_APPLICATION_NAME = "sqlaq-listener"
 
 
@@ -80,11 +87,12 @@ class Worker:
         engine: The queue's database: an Engine, or an ``AsyncEngine`` (the worker then
             makes an Engine of its own on the same URL with the sync psycopg driver,
             disposed when it stops: its bookkeeping runs in threads). While
-            :meth:`run` runs, the worker holds one connection (its claims) and a
-            second for writing outcomes (taken first: it claims only while it has
-            it), plus one per handler calling ``current_job().extend_lease()``, plus
-            a LISTEN connection of its own made from the engine's URL (or from
-            ``listen_url``).
+            :meth:`run` runs, each part holds connections of its pool (its claims,
+            its writer, the maintenance leader's lock and rounds, the drain vacuum:
+            counted in :mod:`sqlaq.worker.pool`; an engine whose pool cannot hold
+            them all is refused), plus one per handler calling
+            ``current_job().extend_lease()``, plus a LISTEN connection of its own made
+            from the engine's URL (or from ``listen_url``).
         registry: The handlers.
         config: The options; or pass them as keywords (``concurrency=8``), which
             override *config*'s.
@@ -98,7 +106,9 @@ class Worker:
             for async handlers an ``async_sessionmaker`` on an AsyncEngine the worker
             makes on the same URL (the ``asyncio`` extra). Each transactional handler
             holds one connection while it runs: the engine's pool must hold the
-            worker's concurrency plus two (its claims and its writer).
+            worker's concurrency plus its own parts' connections
+            (:mod:`sqlaq.worker.pool`). A pool too small for the worker's own parts
+            is refused at start.
 
     Attributes:
         worker_id: This worker's id, written to ``locked_by`` of the jobs it claims.
@@ -107,7 +117,17 @@ class Worker:
         stopped: Set when :meth:`run` has returned.
 
     Raises:
-        ConfigError: an option is unknown or unusable.
+        ConfigError: an option is unknown or unusable, or the engine's pool cannot hold
+            the connections of the worker's parts (the message names each).
+
+    Starting (:meth:`run`, :meth:`run_async`, ``async with``) first checks the database,
+    whichever way the worker runs (:mod:`sqlaq.worker.startup`): its schema must be at
+    this sqlaq's head and its role must hold the privileges a worker needs, or the start
+    fails with :class:`~sqlaq.errors.SchemaOutOfDateError` or
+    :class:`~sqlaq.errors.ConfigError`; a database that is unavailable (restarting) is
+    retried for ``start_timeout``, then :class:`~sqlaq.errors.DatabaseUnavailableError`.
+    If the schema changes under a running worker (a downgrade), it logs one line, stops
+    gracefully and raises :class:`~sqlaq.errors.SchemaOutOfDateError`.
     """
 
     def __init__(
@@ -122,10 +142,11 @@ class Worker:
         **options: Any,
     ) -> None:
         if options or config is None:
+            check_options(options, also=_KEYWORDS)
             config = WorkerConfig.from_options(config, **options)
         self.config = config
         self._own_engine = not isinstance(engine, Engine)
-        engine = sync_engine(engine)
+        engine = sync_engine(engine, pool.sized(config, registry))
         self.worker_id: UUID = uuid4()
         self.started = threading.Event()
         self.idle = threading.Event()
@@ -146,10 +167,7 @@ class Worker:
         self._releases: deque[int] = deque()  # the listener's: waiting jobs to check
         self._unwritten: list[tuple[Finished, Outcome]] = []  # not yet handed to the writer
         self._writing: Batch | None = None  # handed to the writer, not yet settled
-        self._busy = 0  # handed to the runner, not finished: running or prefetched
         self._db_failures = 0
-        lengths = [config.lease, *(h.lease for h in registry if h.lease is not None)]
-        self._leases = Leases(engine, lengths)
         self._fetcher = Fetcher(
             engine, registry, config, self.worker_id, self._back_off, self._recovered
         )
@@ -157,16 +175,22 @@ class Worker:
         #: Vacuums the jobs table during deep drains (None with ``vacuum`` off).
         self.vacuum = DrainVacuum(engine) if config.vacuum else None
         sorts = {h.is_async for h in registry}
-        self._sessions = Sessions(engine, registry, config.concurrency, sessionmaker)
+        parts = pool.needs(config)
+        self._sessions = Sessions(engine, registry, config.concurrency, sessionmaker, parts)
         if self._sessions.concurrency != config.concurrency:  # the default, fitted to the pool
             config = self.config = replace(config, concurrency=self._sessions.concurrency)
+        if not self._own_engine:  # its own parts must never wait on each other
+            pool.check(engine, parts)
         self._runner = Runner(
             config.concurrency,
             self._handler_finished,
             mixed=len(sorts) > 1,
             sessions=self._sessions.sync,
             async_sessions=self._sessions.async_,
+            on_deadline=self._wake.set,
         )
+        lengths = [config.lease, *(h.lease for h in registry if h.lease is not None)]
+        self._leases = Leases(engine, lengths, on_cancelled=self._runner.cancel)
         # prefetch None ("auto"): the pace decides, from what the worker observes; not
         # when every handler is limited (limited kinds are never claimed ahead, and a
         # claim of the others would find none, every turn).
@@ -187,18 +211,60 @@ class Worker:
 
         On stop: claim nothing more, let running jobs finish within the grace period,
         write their outcomes, then hand the rest back to the queue.
+
+        Raises:
+            SchemaOutOfDateError: at start, or once the schema changed under the worker
+                (after a graceful stop).
+            ConfigError: at start, the role lacks privileges or ``listen_url`` reaches
+                another database.
+            DatabaseUnavailableError: at start, the database stayed unavailable for
+                ``start_timeout``.
         """
-        self._start()
+        changed: SchemaOutOfDateError | None = None
         try:
+            config = self.config
+            if not start_check(
+                self._engine,
+                listen_url=config.listen_url,
+                start_timeout=config.start_timeout,
+                interrupted=self._stopping,
+            ):
+                return  # stopped while the database was away: never started
+            self._start()
             while not self._stopping.is_set():
-                self._step(claiming=True)
-                if self.config.burst and self._quiet() and not self._release_left():
+                try:
+                    self._step(claiming=True)
+                except _DATABASE_ERRORS as exc:
+                    changed = self._schema_changed(exc)
+                    if changed is None:
+                        raise
+                    break
+                if config.burst and self._quiet() and not self._release_left():
                     break
                 self._sleep()
-            self._shutdown()
+            self._shutdown(changed)
         finally:
             self._close()
             self.stopped.set()
+        if changed is not None:
+            raise changed
+
+    def _schema_changed(self, error: Exception) -> SchemaOutOfDateError | None:
+        """If *error*, which no wait cures, comes from the schema having changed under
+        the worker (``alembic downgrade``), say so in one line and stop; else None."""
+        if is_transient(error):
+            return None
+        mismatch = schema_mismatch(self._engine)
+        if mismatch is not None:
+            _log.error(
+                "the database schema changed under the worker (%s): stopping; %s",
+                describe(
+                    error.__cause__ or error if isinstance(error, SchemaOutOfDateError) else error
+                ),
+                mismatch,
+            )
+            self._stopping.set()
+        return mismatch
 
     async def run_async(self) -> None:
         """:meth:`run` inside an asyncio application: ``async`` handlers run on the
@@ -215,7 +281,13 @@ class Worker:
             await asyncio.shield(thread)
         except asyncio.CancelledError:
             self.stop()
-            await thread
+            try:
+                await asyncio.shield(thread)
+            except asyncio.CancelledError:
+                # Cancelled again (a second Ctrl-C): hand running jobs back at once.
+                _log.warning("worker cancelled again: handing running jobs back now")
+                self.stop(now=True)
+                await thread
             raise
 
     async def __aenter__(self) -> Worker:
@@ -255,6 +327,7 @@ class Worker:
 
     def _start(self) -> None:
         config = self.config
+        self._fetcher.check_where()  # a where the table refuses: ConfigError, nothing started
         self._wake.open()
         _log.info(
             "worker started",
@@ -296,7 +369,7 @@ class Worker:
             claiming = False
         room = self._room() if claiming else 0
         if room > 0:
-            free = self.config.concurrency - self._busy
+            free = self.config.concurrency - self._runner.busy
             pace = self._pace
             started = monotonic() if pace is not None else 0.0
             claimed = self._fetcher.fetch(room, free, self._stopping.is_set)
@@ -320,7 +393,7 @@ class Worker:
         left to auto, the prefetch is the pace's (:mod:`sqlaq.worker.pacing`), updated
         after each claim.
         """
-        busy, concurrency, prefetch = self._busy, self.config.concurrency, self._prefetch
+        busy, concurrency, prefetch = self._runner.busy, self.config.concurrency, self._prefetch
         capacity = concurrency + prefetch
         room = capacity - busy
         if busy >= concurrency and room < max(1, prefetch // 2):
@@ -349,7 +422,6 @@ class Worker:
         while self._finished:
             finished = self._finished.popleft()
             run = finished.run
-            self._busy -= 1
             self._fetcher.finished(run.job.kind, run.job.queue)
             if leases.late(run):  # timed out: its outcome was written at the deadline
                 _log.info("late result of a timed-out attempt dropped", extra=run.log_extra())
@@ -438,7 +510,6 @@ class Worker:
             else:
                 runs.append(run)
         if runs:
-            self._busy += len(runs)
             self._runner.submit(runs)
 
     # -- writing outcomes ------------------------------------------------------------
@@ -463,7 +534,8 @@ class Worker:
         if batch.error is not None:
             if not is_transient(batch.error):
                 # Not the database being away, and not one row (the writer wrote those
-                # one by one): a fault of the worker itself.
+                # one by one): a fault of the worker itself, or a changed schema.
+                self._unwritten[:0] = batch.unwritten()
                 raise batch.error
             self._unwritten[:0] = batch.unwritten()  # written again, in order, once back
             self._back_off(batch.error)
@@ -579,9 +651,27 @@ class Worker:
 
     # -- stopping ------------------------------------------------------------------
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, changed: SchemaOutOfDateError | None = None) -> None:
         """Claim nothing more; let running jobs finish within the grace period, then
-        write what finished and hand the rest back."""
+        write what finished and hand the rest back.
+
+        With the schema *changed* under the worker, a statement that fails for it is
+        logged, not raised: what is not written runs again once its lease ends."""
+        if changed is None:
+            self._drain()
+            return
+        try:
+            self._drain()
+        except _DATABASE_ERRORS as exc:
+            if is_transient(exc):
+                raise
+            _log.error(
+                "could not write every outcome on the changed schema (%s); those jobs run "
+                "again once their leases end",
+                describe(exc),
+            )
+
+    def _drain(self) -> None:
         self._interrupt.clear()
         if self._forced:
             self._interrupt.set()
@@ -591,11 +681,11 @@ class Worker:
             self._maintenance.stop(timeout=0)
         deadline = monotonic() + self.config.grace_period.total_seconds()
         self._withdraw(stopping=True)  # prefetched jobs that have not started go back
-        if self._busy:
-            _log.info("worker stopping: waiting for %d running job(s)", self._busy)
+        if self._runner.busy:
+            _log.info("worker stopping: waiting for %d running job(s)", self._runner.busy)
         while True:
             self._step(claiming=False)  # writes what finished; keeps leases renewed
-            if not self._busy or self._forced or monotonic() >= deadline:
+            if not self._runner.busy or self._forced or monotonic() >= deadline:
                 break
             self._sleep(deadline)
         # The batch in flight, written or failed. A writer stuck longer than that (a
@@ -626,11 +716,8 @@ class Worker:
         """Hand the prefetched jobs (not started) back; if that fails, a running worker
         runs them after all, a stopping one hands them back at the end."""
         withdrawn = self._runner.withdraw()
-        if withdrawn:
-            self._busy -= len(withdrawn)
-            if not self._hand_back(withdrawn, final=False) and not stopping:
-                self._busy += len(withdrawn)
-                self._runner.submit(withdrawn)
+        if withdrawn and not self._hand_back(withdrawn, final=False) and not stopping:
+            self._runner.submit(withdrawn)
 
     def _hand_back(self, runs: list[Run], *, final: bool) -> bool:
         """Hand *runs* back to the queue (status queued, due now, attempt refunded);
@@ -662,24 +749,28 @@ class Worker:
             self._maintenance.stop()
         self._writer.close()  # it closes its connection on the way out
         self._fetcher.close()
+        self._sessions.close(self._runner.loop)  # on the loop its connections know
         self._runner.close()
-        self._sessions.close()
         self._wake.close()
         if self._own_engine:
             self._engine.dispose()
-        _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})
+        if self.started.is_set():
+            _log.info("worker stopped", extra={"worker_id": str(self.worker_id)})
 
 
-#: The sync driver used for a URL of each async one.
-SYNC_DRIVERS = {
-    "postgresql+psycopg_async": "postgresql+psycopg",
-    "postgresql+asyncpg": "postgresql+psycopg",
-}
+#: A statement's failure: the driver's, or sqlaq's translation of a missing table or
+#: column (:func:`sqlaq.drive.schema_error`).
+_DATABASE_ERRORS = (sa_exc.DBAPIError, psycopg.Error, SchemaOutOfDateError)
+
+#: The Worker's keyword arguments besides its options (for the did-you-mean of an
+#: unknown one).
+_KEYWORDS = ("config", "on_job_finished", "on_job_started", "sessionmaker")
 
 
-def sync_engine(engine: object) -> Engine:
+def sync_engine(engine: object, pool_size: tuple[int, int] = (5, 10)) -> Engine:
     """*engine* if it is an Engine; for an AsyncEngine, a new Engine on its URL with the
-    sync psycopg driver (the worker's threads need blocking connections).
+    sync psycopg driver (the worker's threads need blocking connections), its pool
+    *pool_size* (``pool_size``, ``max_overflow``).
 
     Raises:
         ConfigError: *engine* is neither, or its driver has no sync counterpart here.
@@ -694,11 +785,11 @@ def sync_engine(engine: object) -> Engine:
             f"sqlaq.Worker needs a SQLAlchemy Engine or AsyncEngine, got {type(engine).__name__}"
         )
     url = inner.url
-    driver = SYNC_DRIVERS.get(url.drivername)
-    if driver is None:
+    if url.drivername not in ASYNC_DRIVERS:
         raise ConfigError(
             f"sqlaq.Worker cannot use the async driver {url.drivername!r}; "
             "use postgresql+psycopg_async:// or postgresql+asyncpg://"
         )
-    _log.info("worker connects with %s (sync) to the AsyncEngine's database", driver)
-    return create_engine(url.set(drivername=driver), pool_pre_ping=True)
+    _log.info("worker connects with %s (sync) to the AsyncEngine's database", SYNC_DRIVER)
+    size, overflow = pool_size
+    return create_engine(sync_url(url), pool_pre_ping=True, pool_size=size, max_overflow=overflow)

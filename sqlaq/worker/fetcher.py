@@ -22,16 +22,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from time import monotonic
+from typing import Any
 from uuid import UUID
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError, StatementError
 
-from sqlaq import ops
+from sqlaq import ops, queries
 from sqlaq.config import WorkerConfig
 from sqlaq.drive import plan_of
+from sqlaq.errors import ConfigError
 from sqlaq.lease import Lease
 from sqlaq.registry import Registry
-from sqlaq.transient import is_transient
+from sqlaq.transient import describe, is_transient
 from sqlaq.worker.gates import KindGates
 from sqlaq.worker.precompiled import Precompiled
 
@@ -79,6 +82,64 @@ class Fetcher:
         # under the kind's lock (ops.claim_limited); the plain claim skips them.
         self.gates = KindGates(registry)
         self._limited = bool(self.gates)  # asked once per finished job
+        # Worker affinity: the clauses every claim carries, made once (the claims built
+        # around them are cached by their identity, so each is compiled once); () for
+        # none, which leaves the claims as they are without it.
+        where = config.where
+        if isinstance(where, str):
+            where = (queries.where_text(where),)
+        self._where: tuple[Any, ...] = tuple(where or ())
+        self._where_checked = not self._where
+        if self._where:
+            queries.where_check_stmt(where=list(self._where))  # ConfigError: another table
+
+    def check_where(self) -> None:
+        """Run the worker's ``where`` against the jobs table once (``LIMIT 0``: no row is
+        read), so an expression that does not compile or type-check stops the worker
+        at its start with one line. A transient error leaves the check to the first
+        claim.
+
+        Raises:
+            ConfigError: the database refused the expression.
+        """
+        if self._where_checked:
+            return
+        try:
+            with self._engine.connect() as conn:
+                conn.execute(queries.where_check_stmt(where=list(self._where))).all()
+        except DBAPIError as exc:
+            if is_transient(exc):
+                return
+            raise ConfigError(
+                f"{self._where_shown()} does not run against the jobs table: {_primary(exc)}"
+            ) from None
+        except StatementError as exc:  # e.g. a clause with a bind parameter without value
+            raise ConfigError(
+                f"{self._where_shown()} does not run against the jobs table: {exc.orig}"
+            ) from None
+        self._where_checked = True
+
+    def _where_failed(self, error: BaseException) -> None:
+        """A claim failed on a data error (SQLSTATE class 22: a cast of a job's value,
+        a division by zero...): with a ``where``, the expression met a row it cannot
+        evaluate. Raise that as one line; any other error is left to the caller.
+
+        Raises:
+            ConfigError: it was the condition's.
+        """
+        orig = getattr(error, "orig", None) or error
+        if self._where and str(getattr(orig, "sqlstate", "") or "").startswith("22"):
+            raise ConfigError(
+                f"{self._where_shown()} failed on a job: {_primary(error)}; make it hold "
+                "(true or false) for every row, e.g. test the value's form before a cast"
+            ) from None
+
+    def _where_shown(self) -> str:
+        where = self._config.where
+        if not isinstance(where, str):
+            return "where"
+        shown = repr(where)
+        return f"where {shown if len(shown) <= 80 else shown[:76] + '...' + shown[0]}"
 
     @property
     def due(self) -> bool:
@@ -113,6 +174,8 @@ class Fetcher:
         """Claim up to *room* jobs from the due queues, in turn; of limited kinds, only
         for the *free* slots (a job of a limited kind never waits in memory, so its
         claim is its start, what its limits count)."""
+        if not self._where_checked:
+            self.check_where()  # not at the start: the database was away then
         claimed: list[ops.ClaimedJob] = []
         for queue in self._due_queues():
             jobs = self._fetch(queue, room - len(claimed), free - len(claimed))
@@ -148,12 +211,14 @@ class Fetcher:
                 limit=room - len(claimed),
                 lease=self._config.lease,
                 exclude_kinds=self.gates.kinds,
+                where=self._where,
             )
             jobs = self._precompiled.run(conn, plan)
             conn.commit()  # ends SQLAlchemy's own transaction, if any; nothing is sent
         except Exception as exc:
             self.close()
             if not is_transient(exc):
+                self._where_failed(exc)
                 raise
             self._back_off(exc)
             return claimed
@@ -190,9 +255,11 @@ class Fetcher:
                         lease=handler.lease or self._config.lease,
                         concurrency=handler.concurrency,
                         rate=handler.rate,
+                        where=self._where,
                     )
             except Exception as exc:
                 if not is_transient(exc):
+                    self._where_failed(exc)
                     raise
                 self._back_off(exc)
                 return taken
@@ -234,3 +301,10 @@ class Fetcher:
         if conn is not None:
             with suppress(Exception):  # a broken connection: nothing to do
                 conn.close()
+
+
+def _primary(error: BaseException) -> str:
+    """The server's primary message of *error* (without its ``LINE 1: ...`` context)."""
+    orig = getattr(error, "orig", None) or error
+    diag = getattr(orig, "diag", None)
+    return getattr(diag, "message_primary", None) or describe(error)

@@ -23,7 +23,7 @@ Every method but :meth:`extend` and :meth:`renew_now` runs in the worker's run t
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from time import monotonic
 from uuid import UUID
@@ -51,10 +51,17 @@ class Leases:
     Args:
         engine: The queue's database, for renewals asked by handlers.
         lengths: Every lease length in use (the worker's and the handlers' own).
+        on_cancelled: Called with each run found cancelled (its handler is told).
     """
 
-    def __init__(self, engine: Engine, lengths: Iterable[timedelta]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        lengths: Iterable[timedelta],
+        on_cancelled: Callable[[Run], None] | None = None,
+    ) -> None:
         self._engine = engine
+        self._on_cancelled = on_cancelled
         self.interval = min(lengths).total_seconds() / 3
         self.next = monotonic() + self.interval
         # Held runs are keyed by identity (a Run hashes as an object: no UUID hashed or
@@ -144,6 +151,12 @@ class Leases:
         if outcome is CANCELLED:
             run.context._set_cancelled()
             _log.info(reason, extra=run.log_extra())
+            if self._on_cancelled is not None:
+                self._on_cancelled(run)
+        elif run.handler is not None and run.handler.transaction:
+            # Its own transaction may have completed the job as the renewal ran: its
+            # outcome (done, or not written: lease lost) is logged when it reports.
+            _log.debug("%s; its transaction decides", reason, extra=run.log_extra())
         else:
             _log.warning("%s; the result will not be written", reason, extra=run.log_extra())
 

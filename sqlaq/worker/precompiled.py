@@ -29,6 +29,7 @@ from sqlaq.drive import Plan
 __all__ = ["Precompiled"]
 
 R = TypeVar("R")
+_MAX_CACHED = 256  # statements compiled per Precompiled, at most
 _JSONB_OID = 3802  # pg_type's oid of jsonb, fixed since PostgreSQL 9.4
 
 # json.loads's decoder's scanner, in C (typeshed does not declare the attribute).
@@ -69,9 +70,9 @@ class Precompiled:
     """
 
     def __init__(self) -> None:
-        # id(statement) -> (statement, its SQL or None); the statement is kept so its id
-        # cannot be reused while cached.
-        self._sql: dict[int, tuple[Any, str | None]] = {}
+        # id(statement) -> (statement, its SQL or None, its fixed values or None); the
+        # statement is kept so its id cannot be reused while cached.
+        self._sql: dict[int, tuple[Any, str | None, dict[str, Any] | None]] = {}
 
     def run(self, conn: Connection, plan: Plan[R]) -> R:
         """Run *plan* on *conn* (in autocommit); return what it returns."""
@@ -81,10 +82,12 @@ class Precompiled:
                 if type(step) is not tuple:
                     raise TypeError(f"Precompiled runs plain statements only, not {step!r}")
                 statement, params = step
-                sql = self._compiled(statement, conn)
+                _, sql, fixed = self._compiled(statement, conn, params)
                 if sql is None:
                     step = plan.send(conn.execute(statement, params))
                     continue
+                if fixed is not None:  # values of the statement's own (a where clause's)
+                    params = {**fixed, **(params or {})}
                 driver = conn.connection.driver_connection
                 cursor = driver.cursor()  # type: ignore[union-attr]
                 # Only in place of psycopg's own loader: a json_deserializer the engine
@@ -104,10 +107,16 @@ class Precompiled:
             value: R = done.value
             return value
 
-    def _compiled(self, statement: Any, conn: Connection) -> str | None:
+    def _compiled(
+        self, statement: Any, conn: Connection, params: Any
+    ) -> tuple[Any, str | None, dict[str, Any] | None]:
+        """The statement's entry: its SQL (None: run it by SQLAlchemy), and the values
+        bound in the statement itself that the plan's *params* do not give (a clause
+        passed as ``where=``, ``kind = 'a'``): SQLAlchemy sends those from the
+        statement, the driver's cursor needs them with the others."""
         cached = self._sql.get(id(statement))
         if cached is not None:
-            return cached[1]
+            return cached
         compiled = statement.compile(dialect=conn.dialect)
         plain = not (
             compiled._bind_processors
@@ -119,5 +128,12 @@ class Precompiled:
             )
         )
         sql = compiled.string if plain and conn.dialect.driver == "psycopg" else None
-        self._sql[id(statement)] = (statement, sql)
-        return sql
+        given = params if isinstance(params, dict) else {}
+        fixed = {k: v for k, v in compiled.params.items() if k not in given} or None
+        if len(self._sql) >= _MAX_CACHED:
+            # A worker runs a handful of statements; more means statements built anew
+            # (a claim narrowed by a clause, rebuilt once evicted from its own cache):
+            # start over rather than grow.
+            self._sql.clear()
+        entry = self._sql[id(statement)] = (statement, sql, fixed)
+        return entry

@@ -28,7 +28,7 @@ from sqlaq import tracing
 from sqlaq.context import bind, unbind
 from sqlaq.outcome import CANCELLED, decide
 from sqlaq.worker import transaction
-from sqlaq.worker.run import Finished, Run, bounded
+from sqlaq.worker.run import Finished, Run, bounded, timed_out
 
 __all__ = ["Runner"]
 
@@ -49,6 +49,8 @@ class Runner:
             the bound of sync ones, and the gate only counts async ones.
         on_finished: Called with each :class:`~sqlaq.worker.run.Finished` (the run, its
             outcome and duration), from the thread that ran it.
+        on_deadline: Called (from a slot thread) when a sync handler with a timeout
+            starts, so the worker wakes at its deadline (:meth:`next_deadline`).
     """
 
     def __init__(
@@ -59,8 +61,10 @@ class Runner:
         mixed: bool = True,
         sessions: transaction.SessionFactory | None = None,
         async_sessions: transaction.AsyncSessionFactory | None = None,
+        on_deadline: Callable[[], None] | None = None,
     ) -> None:
         self._sessions = sessions
+        self._on_deadline = on_deadline
         self._async_sessions = async_sessions
         self._deadlines: dict[UUID, tuple[float, Run]] = {}  # sync runs with a timeout
         self._deadlines_lock = threading.Lock()
@@ -74,9 +78,13 @@ class Runner:
         self._loop_lock = threading.Lock()
         self._tasks: dict[Run, asyncio.Task[None]] = {}  # running async handlers, by run
         self._waiting: deque[Run] = deque()  # async runs not started; the loop pops them
+        # Guards _blocking (how many slot threads are wanted) and _busy (what the worker
+        # may still hand in): both change in the run thread and in the slot threads.
+        self._blocking_lock = threading.Lock()
         self._blocking = 0  # sync runs submitted and not finished
-        self._count_lock = threading.Lock()
-        self._count = threading.Lock()  # guards _running
+        self._busy = 0  # runs submitted and not reported: running or waiting to start
+        # Guards _running, the gate's count: taken by slot threads and the loop.
+        self._running_lock = threading.Lock()
         self._running = 0  # handlers started and not finished, sync and async
         self._gate = threading.Condition()  # sync threads wait on it while the gate is full
         self._waiters = 0
@@ -92,10 +100,11 @@ class Runner:
             else:
                 self._queue.put(run)
                 blocking += 1
+        with self._blocking_lock:
+            self._busy += blocking + len(coroutines)
+            self._blocking += blocking
+            wanted = min(self._size, self._blocking)
         if blocking:
-            with self._count_lock:
-                self._blocking += blocking
-                wanted = min(self._size, self._blocking)
             self._grow(wanted)
         if coroutines:
             self._waiting.extend(coroutines)
@@ -112,14 +121,47 @@ class Runner:
                 break
             if run is not None:
                 taken.append(run)
-        with self._count_lock:
-            self._blocking -= len(taken)
+        blocking = len(taken)
         while True:
             try:
                 taken.append(self._waiting.popleft())
             except IndexError:
                 break
+        with self._blocking_lock:
+            self._blocking -= blocking
+            self._busy -= len(taken)
         return taken
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop async handlers run on, once there is one."""
+        return self._loop
+
+    @property
+    def busy(self) -> int:
+        """Runs submitted and not yet reported finished (running, or waiting to start):
+        the one count of the worker's taken slots."""
+        return self._busy
+
+    def _report(self, finished: Finished) -> None:
+        """Hand *finished* to the worker, its slot counted free first (the worker may
+        refill it at once)."""
+        with self._blocking_lock:
+            self._busy -= 1
+        self._on_finished(finished)
+
+    def cancel(self, run: Run) -> None:
+        """*run*'s job was cancelled: an async handler's task is cancelled (it is
+        reported as cancelled); a sync handler only sees ``current_job().cancelled``."""
+        loop = self._loop
+        if run.handler is None or not run.handler.is_async or loop is None or loop.is_closed():
+            return
+        loop.call_soon_threadsafe(self._cancel_task, run)
+
+    def _cancel_task(self, run: Run) -> None:
+        task = self._tasks.get(run)
+        if task is not None:
+            task.cancel()
 
     def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run async handlers on *loop*, the host application's (``Worker.run_async``),
@@ -156,7 +198,7 @@ class Runner:
     def _enter(self) -> None:
         """Wait for a place under the gate (sync threads). The fast path is one plain
         lock; the condition is used only while the gate is full."""
-        with self._count:
+        with self._running_lock:
             if self._running < self._size:
                 self._running += 1
                 return
@@ -164,7 +206,7 @@ class Runner:
             self._waiters += 1
             try:
                 while True:
-                    with self._count:
+                    with self._running_lock:
                         if self._running < self._size:
                             self._running += 1
                             return
@@ -177,7 +219,7 @@ class Runner:
         *on_loop*: called in the loop's thread, which starts them at once (from another
         thread it is a wake-up of the loop: a write to its self-pipe, and one more
         callback)."""
-        with self._count:
+        with self._running_lock:
             self._running -= places
         if self._waiters:  # a waiter holds the gate until it waits: the notify lands
             with self._gate:
@@ -214,9 +256,9 @@ class Runner:
         else:
             finished = self._call_sync(run)
         tracing.end(span, finished.outcome)
-        with self._count_lock:  # before reporting: the worker may refill the slot at once
+        with self._blocking_lock:  # before reporting: the worker may refill the slot at once
             self._blocking -= 1
-        self._on_finished(finished)
+        self._report(finished)
 
     def _call_sync(self, run: Run) -> Finished:
         token = bind(run.context)
@@ -239,16 +281,27 @@ class Runner:
 
     def _run_with_deadline(self, run: Run, timeout: timedelta) -> Finished:
         """Run a sync handler that has a timeout: its deadline is known to
-        :meth:`expired` while it runs (nothing can interrupt the thread)."""
+        :meth:`expired` while it runs (nothing can interrupt the thread), and the worker
+        is woken to sleep no longer than it. A handler that returns past its deadline
+        (before the worker saw it expire) has timed out all the same."""
+        deadline = monotonic() + timeout.total_seconds()
         with self._deadlines_lock:
-            self._deadlines[run.token] = (monotonic() + timeout.total_seconds(), run)
+            self._deadlines[run.token] = (deadline, run)
+        if self._on_deadline is not None:
+            self._on_deadline()
         try:
             if run.handler is not None and run.handler.transaction:
-                return transaction.run_sync(run, self._session_factory())
-            return self._call_sync(run)
+                finished = transaction.run_sync(run, self._session_factory(), deadline)
+            else:
+                finished = self._call_sync(run)
         finally:
             with self._deadlines_lock:
-                self._deadlines.pop(run.token, None)
+                mine = self._deadlines.pop(run.token, None) is not None
+        if mine and monotonic() >= deadline and not finished.committed:
+            # (a transactional one checked its deadline before its commit)
+            outcome = decide(run.handler, run.job, timed_out(timeout))
+            return Finished(run, outcome, finished.duration)
+        return finished
 
     def expired(self, now: float) -> list[Run]:
         """The sync runs whose deadline has passed by *now* (each reported once)."""
@@ -300,7 +353,7 @@ class Runner:
         waiting = self._waiting
         if not waiting:
             return
-        with self._count:
+        with self._running_lock:
             starting = min(len(waiting), self._size - self._running)
             if starting <= 0:
                 return
@@ -321,21 +374,27 @@ class Runner:
             if run.context.cancelled:  # cancelled while it waited: never started
                 self._leave(on_loop=True)
                 tracing.end(span, CANCELLED)
-                self._on_finished(Finished(run, CANCELLED, 0.0))
+                self._report(Finished(run, CANCELLED, 0.0))
                 return
             if run.handler is not None and run.handler.transaction:
+                started = perf_counter()
                 try:
                     finished = await transaction.run_async(run, self._async_session_factory())
+                except asyncio.CancelledError:
+                    if not run.context.cancelled:
+                        raise  # the worker is closing: its job was handed back
+                    finished = Finished(run, CANCELLED, perf_counter() - started)
                 finally:
                     self._leave(on_loop=True)
                 tracing.end(span, finished.outcome)
-                self._on_finished(finished)
+                self._report(finished)
                 return
             # Each task runs in its own copy of the context, so this binding is the task's.
             bind(run.context)
             started = perf_counter()
             error: BaseException | None = None
             returned: object = None
+            cancelled = False
             try:
                 if run.handler is not None:
                     call: Awaitable[object] = run.handler.func(run.job.payload)  # type: ignore[assignment]
@@ -344,17 +403,23 @@ class Runner:
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
-                    tracing.end(span, None)
-                    return  # this task was cancelled: the worker is closing, its job handed back
-                error = exc  # a sub-task's cancellation escaped the handler: a failure
+                    if not run.context.cancelled:
+                        tracing.end(span, None)
+                        return  # the worker is closing: its job was handed back
+                    cancelled = True  # its job was cancelled (Runner.cancel)
+                else:
+                    error = exc  # a sub-task's cancellation escaped the handler: a failure
             except BaseException as exc:  # recorded on the job, like a sync handler's
                 error = exc
             finally:
                 self._leave(on_loop=True)
             duration = perf_counter() - started
-            finished = Finished.of(run, decide(run.handler, run.job, error, returned), duration)
+            if cancelled:
+                finished = Finished.of(run, CANCELLED, duration)
+            else:
+                finished = Finished.of(run, decide(run.handler, run.job, error, returned), duration)
             tracing.end(span, finished.outcome)
-            self._on_finished(finished)
+            self._report(finished)
         finally:
             # Out of the running tasks at its end (a done callback would cost the loop
             # one more callback per job).

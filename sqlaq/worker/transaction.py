@@ -19,12 +19,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from time import perf_counter
+from datetime import timedelta
+from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from sqlalchemy import Engine
 
-from sqlaq import ops
+from sqlaq import ops, queries
 from sqlaq.config import DEFAULT_CONCURRENCY
 from sqlaq.context import bind, unbind
 from sqlaq.errors import ConfigError
@@ -32,24 +33,82 @@ from sqlaq.outcome import LOST, Outcome, Verdict, decide
 from sqlaq.registry import Registry
 from sqlaq.results import complete_with_result
 from sqlaq.schema import JobStatus
-from sqlaq.worker.run import Finished, Run, bounded
+from sqlaq.transient import describe, is_transient
+from sqlaq.worker import pool
+from sqlaq.worker.run import Finished, Run, bounded, timed_out
 
 if TYPE_CHECKING:  # imported where a transactional handler needs it: a worker without
     from sqlalchemy.orm import Session  # one never loads sqlalchemy.orm
 
-__all__ = ["AsyncSessionFactory", "SessionFactory", "Sessions", "run_async", "run_sync"]
+__all__ = [
+    "HANDED_BACK",
+    "AsyncSessionFactory",
+    "SessionFactory",
+    "Sessions",
+    "check_connection",
+    "run_async",
+    "run_sync",
+]
 
 #: Makes the session of one job's transaction: a ``sessionmaker`` (or any callable
 #: returning a Session usable as a context manager).
 SessionFactory: TypeAlias = "Callable[[], AbstractContextManager[Session]]"
+#: Makes the session of one async job's transaction: an ``async_sessionmaker`` (or any
+#: callable returning an AsyncSession usable as an async context manager).
 AsyncSessionFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
 
 _log = logging.getLogger(__name__)
 
+#: How long a stopping worker waits for its AsyncEngine's connections to close.
+CLOSE_SECONDS = 5.0
+
 
 class _LeaseGone(Exception):
     """Rolls a transactional attempt back: its completion matched no row."""
+
+
+class _ConnectionLost(Exception):
+    """The session's connection was found dead before the handler ran."""
+
+
+#: A run whose session's connection was lost before its handler ran: back to the queue,
+#: due now, its attempt refunded (the handler never ran: not its failure).
+HANDED_BACK = Outcome(Verdict.SNOOZED, delay=timedelta(0))
+
+
+def check_connection(session: Session) -> None:
+    """Ping the connection *session*'s transaction runs on, in that transaction, before
+    the handler runs (what ``pool_pre_ping`` does at checkout, for a pool the host made
+    without it): once it answers, the transaction is open and what follows is the
+    handler's.
+
+    Only a connection the session took from an engine's pool, before anything ran on
+    it: a session joined to a caller's connection (a test's drain) is left alone.
+
+    Raises:
+        _ConnectionLost: the connection is gone (invalidated: the pool replaces it).
+    """
+    if not isinstance(session.get_bind(), Engine):
+        return
+    connection = session.connection()
+    try:
+        connection.execute(queries.ping_stmt())
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        if not connection.invalidated:
+            connection.invalidate(exc)
+        raise _ConnectionLost(describe(exc)) from exc
+
+
+def _handed_back(run: Run, error: _ConnectionLost, started: float) -> Finished:
+    _log.warning(
+        "job handed back: its session's connection was lost before the handler ran (%s)",
+        error,
+        extra=run.log_extra(),
+    )
+    return Finished(run, HANDED_BACK, perf_counter() - started)
 
 
 class _NotStored(Exception):
@@ -98,19 +157,27 @@ def _judge(run: Run, returned: object) -> Outcome:
     return outcome
 
 
-def run_sync(run: Run, sessions: SessionFactory) -> Finished:
-    """Run *run*'s sync handler in a transaction of its own and complete it there."""
+def run_sync(run: Run, sessions: SessionFactory, deadline: float | None = None) -> Finished:
+    """Run *run*'s sync handler in a transaction of its own and complete it there; a
+    handler that returns past *deadline* (``time.monotonic``) is rolled back as timed
+    out."""
     context = run.context
     token = bind(context)
     started = perf_counter()
     try:
         with sessions() as session, session.begin():
+            check_connection(session)
             context._set_session(session)
-            outcome = _judge(run, _call(run, session))
+            returned = _call(run, session)
+            if deadline is not None and monotonic() >= deadline and run.timeout is not None:
+                raise timed_out(run.timeout)
+            outcome = _judge(run, returned)
             if not complete_in(session, run, outcome):
                 raise _LeaseGone
     except _LeaseGone:
         return _settled(run, LOST, started, completed=False)
+    except _ConnectionLost as exc:
+        return _handed_back(run, exc, started)
     except BaseException as exc:  # the transaction rolled back; the failure is written later
         return _failed(run, exc, started)
     finally:
@@ -128,6 +195,7 @@ async def run_async(run: Run, sessions: AsyncSessionFactory) -> Finished:
     started = perf_counter()
     try:
         async with sessions() as session, session.begin():
+            await session.run_sync(check_connection)
             context._set_session(session)
             returned = await bounded(cast(Any, _call(run, session)), run.timeout)
             outcome = _judge(run, returned)
@@ -135,6 +203,8 @@ async def run_async(run: Run, sessions: AsyncSessionFactory) -> Finished:
                 raise _LeaseGone
     except _LeaseGone:
         return _settled(run, LOST, started, completed=False)
+    except _ConnectionLost as exc:
+        return _handed_back(run, exc, started)
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
@@ -163,13 +233,20 @@ class Sessions:
     """
 
     def __init__(
-        self, engine: Engine, registry: Registry, concurrency: int, sessionmaker: Any
+        self,
+        engine: Engine,
+        registry: Registry,
+        concurrency: int,
+        sessionmaker: Any,
+        parts: pool.PoolNeeds | None = None,
     ) -> None:
         self.sync: SessionFactory | None = None
         self.async_: AsyncSessionFactory | None = None
         #: The worker's concurrency, lowered to what the pool holds when it was the
         #: default (an explicit one the pool cannot hold is refused).
         self.concurrency = concurrency
+        #: The Engine the sync transactional sessions take connections from, if any.
+        self.bind: Any = None
         self._async_engine: Any = None
         kinds = [h for h in registry if h.transaction]
         if not kinds:
@@ -184,11 +261,21 @@ class Sessions:
             else:
                 self.sync = factory
             bind = getattr(factory, "kw", {}).get("bind", engine) if factory else engine
-            self.concurrency = _fit_pool(bind, concurrency)
+            self.bind = bind
+            shared = (parts or {}) if bind is engine else {}
+            self.concurrency = _fit_pool(bind, concurrency, shared)
         if any(h.is_async for h in kinds):
-            self.async_ = sessionmaker if given_async else self._default_async(engine)
+            if given_async:
+                self.async_ = sessionmaker
+                async_bind = getattr(sessionmaker, "kw", {}).get("bind")
+                inner = getattr(async_bind, "sync_engine", None)
+                if inner is not None:  # an AsyncEngine: its pool must hold the handlers,
+                    # the default concurrency lowered to fit, as for sync handlers
+                    self.concurrency = _fit_pool(inner, self.concurrency, {})
+            else:
+                self.async_ = self._default_async(engine, self.concurrency)
 
-    def _default_async(self, engine: Engine) -> AsyncSessionFactory:
+    def _default_async(self, engine: Engine, concurrency: int) -> AsyncSessionFactory:
         try:
             from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
         except ImportError as exc:
@@ -197,47 +284,53 @@ class Sessions:
                 "pip install 'sqlaq[asyncio]', or pass sessionmaker=async_sessionmaker(...)"
             ) from None
         url = engine.url.set(drivername="postgresql+psycopg_async")
-        self._async_engine = create_async_engine(url, pool_pre_ping=True)
+        # A connection per handler running at once (each holds its AsyncSession's).
+        self._async_engine = create_async_engine(
+            url, pool_pre_ping=True, pool_size=concurrency, max_overflow=0
+        )
         return cast(AsyncSessionFactory, async_sessionmaker(self._async_engine))
 
-    def close(self) -> None:
-        """Dispose of the AsyncEngine made here, if any (its connections are closed
-        synchronously: no event loop is needed)."""
-        if self._async_engine is not None:
-            self._async_engine.sync_engine.dispose()
+    def close(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Dispose of the AsyncEngine made here, if any, on *loop* (the one its
+        connections were used on: closing them elsewhere fails), waiting a few seconds."""
+        engine, self._async_engine = self._async_engine, None
+        if engine is None:
+            return
+        if loop is not None and loop.is_running() and not loop.is_closed():
+            future = asyncio.run_coroutine_threadsafe(engine.dispose(), loop)
+            try:
+                future.result(timeout=CLOSE_SECONDS)
+            except Exception:
+                _log.debug("disposing of the async engine failed", exc_info=True)
+            return
+        engine.sync_engine.dispose()  # no loop ran a connection: nothing to close there
 
 
 def _is_async_factory(factory: object) -> bool:
     return type(factory).__name__ == "async_sessionmaker"
 
 
-def _fit_pool(engine: Any, concurrency: int) -> int:
+def _fit_pool(engine: Any, concurrency: int, parts: pool.PoolNeeds) -> int:
     """*concurrency*, if the engine's pool holds a connection per transactional handler
-    plus two (the worker's claims and writer); the default concurrency is lowered to fit.
+    plus *parts* (the worker's own, when they share the engine); the default
+    concurrency is lowered to fit.
 
     Raises:
         ConfigError: an explicit concurrency the pool cannot hold.
     """
-    pool = getattr(engine, "pool", None)
-    size = getattr(pool, "size", None)
-    overflow = getattr(pool, "_max_overflow", None)
-    if not callable(size) or not isinstance(overflow, int) or overflow < 0:
-        return concurrency  # not a bounded QueuePool (NullPool, StaticPool...)
-    capacity = int(size()) + overflow
-    needed = concurrency + 2
-    if capacity >= needed:
+    capacity = pool.capacity(engine)
+    others = sum(parts.values())
+    if capacity is None or capacity >= concurrency + others:
         return concurrency
-    if concurrency == DEFAULT_CONCURRENCY and capacity >= 3:
+    if concurrency == DEFAULT_CONCURRENCY and capacity > others:
         _log.info(
             "transactional handlers: concurrency %d (the engine's pool holds %d "
-            "connections; pass concurrency= and a larger pool for more)",
-            capacity - 2,
+            "connections, %d of them the worker's own; pass concurrency= and a larger "
+            "pool for more)",
+            capacity - others,
             capacity,
+            others,
         )
-        return capacity - 2
-    raise ConfigError(
-        f"the engine's pool holds at most {capacity} connections, but a worker with "
-        f"concurrency {concurrency} running transactional handlers needs {needed} "
-        "(one per handler, plus its claims and its writer): "
-        f"create_engine(..., pool_size={needed}) or a larger max_overflow"
-    )
+        return capacity - others
+    pool.check(engine, {**parts, "transactional handlers": concurrency})
+    return concurrency  # pragma: no cover - check raised

@@ -12,9 +12,9 @@ import uuid
 from asyncio import current_task
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
+import docsamples
 import psycopg
 import pytest
 import pytest_asyncio
@@ -475,19 +475,19 @@ async def test_any_sync_operation_still_runs_through_run_sync(
     assert (await aq.enqueued_jobs(aconn))[0].id == result.job_id
 
 
-# -- the README's sample -------------------------------------------------------------------------
+# -- the documentation's sample ------------------------------------------------------------------
 
 
-def readme_block(heading: str) -> str:
-    """The first python block under *heading* in README.md."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+def documented_block(contains: str) -> tuple[str, str]:
+    """The one python block of the documentation holding *contains*, and where it is."""
+    (block,) = docsamples.find_blocks("python", contains)
+    return block.code, block.path
 
 
-async def test_the_readme_sample_runs(async_engine: AsyncEngine) -> None:
+async def test_the_documented_async_sample_runs(async_engine: AsyncEngine) -> None:
     namespace: dict[str, Any] = {}
-    exec(compile(readme_block("Async applications"), "README.md", "exec"), namespace)  # noqa: S102
+    code, path = documented_block("async def order_placed(")
+    exec(compile(code, path, "exec"), namespace)  # noqa: S102
     await namespace["order_placed"](async_engine, 7)
     await namespace["order_placed"](async_engine, 7)  # the dedupe key holds the second
     async with async_engine.connect() as conn:

@@ -47,7 +47,16 @@ NO_TWIN: dict[str, str] = {
     "sqlaq.dsn.connection_params": "reads an engine's URL, runs nothing on it",
     "sqlaq.worker.writer.write_outcomes": "the worker's own writer, on its sync connection",
     "sqlaq.commandline.check_database": _CLI,
-    "sqlaq.commandline.check_listen_url": _CLI,
+    **dict.fromkeys(
+        (
+            "sqlaq.worker.startup.start_check",
+            "sqlaq.worker.startup.check_database",
+            "sqlaq.worker.startup.check_listen_url",
+            "sqlaq.worker.startup.schema_mismatch",
+            "sqlaq.worker.transaction.check_connection",
+        ),
+        "the worker's start and schema checks, on the worker's own sync Engine",
+    ),
     **dict.fromkeys(
         (
             "sqlaq.migrations.check",

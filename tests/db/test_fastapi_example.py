@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import docsamples
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -83,3 +84,45 @@ def test_without_its_worker_the_app_only_enqueues(shop: str) -> None:
         pending = client.get(f"/jobs/{created['job_id']}", params={"wait_seconds": 0.2})
         assert (pending.status_code, pending.json()["status"]) == (202, "queued")
     assert counts(shop) == (1, 1)
+
+
+def test_the_async_tutorial_shows_this_app_as_it_is() -> None:
+    """Every python block of the documentation whose skip marker names this test (the
+    async tutorial's three) is an excerpt of the app these tests run: its lines (but
+    comments of its own) appear in app.py, in the same order."""
+    this_test = "tests/db/test_fastapi_example.py::test_the_async_tutorial_shows_this_app_as_it_is"
+    blocks = [
+        block
+        for block in docsamples.all_blocks()
+        if block.lang == "python" and this_test in block.options.get("reason", "")
+    ]
+    assert [block.path for block in blocks] == ["docs/tutorial/async.md"] * 3
+    app = [line.strip() for line in (ROOT / "examples/fastapi_app/app.py").read_text().splitlines()]
+    for block in blocks:
+        position = 0
+        for line in (line.strip() for line in block.code.splitlines()):
+            if not line or (line.startswith("#") and line not in app):
+                continue
+            assert line in app[position:], (
+                f"{block.where}: not in app.py (or out of order): {line!r}"
+            )
+            position = app.index(line, position) + 1
+
+
+def test_every_query_parameter_the_example_names_is_an_endpoint_parameter() -> None:
+    """``?name=`` in the app's docstrings and comments names a parameter of one of its
+    functions (an endpoint's query parameter), not a stale spelling of one."""
+    import ast
+    import re
+
+    source = (ROOT / "examples/fastapi_app/app.py").read_text(encoding="utf-8")
+    named = set(re.findall(r"\?(\w+)=", source))
+    assert named, "the example names no query parameter any more"
+    tree = ast.parse(source)
+    parameters = {
+        arg.arg
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for arg in node.args.args + node.args.kwonlyargs
+    }
+    assert named <= parameters, f"not a parameter of the app: {sorted(named - parameters)}"

@@ -60,3 +60,23 @@ def test_an_engine_s_json_deserializer_is_kept(committed: Engine, enqueued: list
     decoded = claimed[enqueued[1]]
     assert decoded["decoded by"] == "the app"  # psycopg hands the loader bytes
     assert json.loads(decoded["text"]) == {"seq": 12345}
+
+
+def test_claims_narrowed_by_ever_new_clauses_keep_its_cache_bounded(committed: Engine) -> None:
+    # Each new clause object makes a new claim statement (the narrowed claims' cache is
+    # by identity, and evicts): the compiled SQL kept stays bounded, and each claim
+    # still takes the clause's own value.
+    with committed.begin() as conn:
+        ids = [sqlaq.enqueue(conn, "k", {"n": n}, queue="precompiled").job_id for n in range(3)]
+    precompiled = Precompiled()
+    claimed: list[int] = []
+    with committed.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        for n in range(400):
+            where = sqlaq.jobs.c.id == ids[n % 3] if n >= 397 else sqlaq.jobs.c.id == -n
+            plan = plan_of(ops.claim)(
+                worker_id=uuid4(), queue="precompiled", lease=timedelta(seconds=30), where=where
+            )
+            claimed += [job.id for job in precompiled.run(conn, plan)]
+    assert claimed == [ids[1], ids[2], ids[0]]
+    assert len(precompiled._sql) <= 256

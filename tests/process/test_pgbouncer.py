@@ -6,7 +6,7 @@ transaction pooling in front of a throwaway PostgreSQL, and sets
 ``SQLAQ_TEST_DATABASE_URL`` (the server itself). Without ``SQLAQ_PGBOUNCER_URL`` those
 tests are skipped; the first ones, on the settings' wiring, run in the default suite.
 
-What README's "LISTEN/NOTIFY and PgBouncer" prescribes, tested as written: the queue's
+What docs/how-to/pgbouncer.md prescribes, tested as written: the queue's
 URL goes through PgBouncer with ``?prepare_threshold=none`` (or the Python API's
 ``connect_args={"prepare_threshold": None}``), and the LISTEN connection and the
 maintenance leader reach the server directly through ``--listen-url``, or the workers
@@ -78,7 +78,7 @@ def pooled_url(database_url: str) -> str:
 
 @pytest.fixture
 def worker_url(pooled_url: str) -> str:
-    """*pooled_url* as README tells workers to use it: prepared statements off."""
+    """*pooled_url* as the docs tell workers to use it: prepared statements off."""
     url = make_url(pooled_url).update_query_dict({"prepare_threshold": "none"})
     return url.render_as_string(hide_password=False)
 
@@ -205,7 +205,7 @@ def test_prepared_statements_through_pgbouncer_fail_without_the_setting(
 def test_1000_single_job_transactions_through_pgbouncer(
     committed: Engine, pooled_url: str, worker_url: str, how: str
 ) -> None:
-    """README's two ways: the commands' URL parameter, the Python API's connect_args."""
+    """The docs' two ways: the commands' URL parameter, the Python API's connect_args."""
     if how == "url":
         engine = database_engine(
             worker_url, application_name="sqlaq-test", notice=print, pool_size=THREADS

@@ -1,4 +1,4 @@
-"""sqlaq's pytest plugin: the README's complete test module, run under pytest."""
+"""sqlaq's pytest plugin: the documentation's complete test modules, run under pytest."""
 
 from __future__ import annotations
 
@@ -7,19 +7,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docsamples
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = 'pytest_plugins = ["sqlaq.testing.pytest_plugin"]'
+THIS_FILE = "tests/process/test_pytest_plugin.py::"
 
 
-def readme_test_modules() -> list[str]:
-    """The README's python blocks that enable the plugin: the sync and the async one."""
-    blocks = README.read_text().split("```python\n")[1:]
-    modules = [block.split("\n```", 1)[0] + "\n" for block in blocks if MARKER in block]
-    assert len(modules) == 2, "expected the sync and the async test module in the README"
+def documented_test_modules() -> list[str]:
+    """The documentation's complete test modules that enable the plugin, the sync and the
+    async one, wherever they are (README.md or a page under docs/): the python blocks
+    holding the plugin's line whose skip marker says this file runs them. (A tutorial's
+    test module that runs in tests/docs/test_docs.py, in its prelude, is not one.)"""
+    modules = [
+        block.code
+        for block in docsamples.find_blocks("python", MARKER)
+        if "skip" in block.options and THIS_FILE in block.options.get("reason", "")
+    ]
+    assert len(modules) == 2, "expected the sync and the async test module in the docs"
     return modules
 
 
@@ -36,8 +44,8 @@ def leftover_databases(server_url: str) -> list[str]:
 
 
 @pytest.mark.timeout(120)
-def test_the_readme_test_modules_pass_with_the_plugin(server_url: str, tmp_path: Path) -> None:
-    sync, async_ = readme_test_modules()
+def test_the_documented_test_modules_pass_with_the_plugin(server_url: str, tmp_path: Path) -> None:
+    sync, async_ = documented_test_modules()
     (tmp_path / "test_jobs.py").write_text(sync)
     (tmp_path / "test_async_jobs.py").write_text(async_)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SQLAQ_", "PYTEST_"))}
@@ -57,7 +65,7 @@ def test_the_readme_test_modules_pass_with_the_plugin(server_url: str, tmp_path:
 
 
 def test_without_a_server_the_plugin_says_what_to_set(tmp_path: Path) -> None:
-    (tmp_path / "test_jobs.py").write_text(readme_test_modules()[0])
+    (tmp_path / "test_jobs.py").write_text(documented_test_modules()[0])
     env = {
         k: v
         for k, v in os.environ.items()
@@ -73,3 +81,27 @@ def test_without_a_server_the_plugin_says_what_to_set(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "--sqlaq-database-url or set SQLAQ_TEST_DATABASE_URL" in done.stdout + done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_an_async_database_url_is_used_with_psycopg(server_url: str, tmp_path: Path) -> None:
+    """An async application's ``DATABASE_URL`` (asyncpg) works as it is."""
+    sync, async_ = documented_test_modules()
+    (tmp_path / "test_jobs.py").write_text(sync)
+    (tmp_path / "test_async_jobs.py").write_text(async_)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SQLAQ_", "PYTEST_"))}
+    env["DATABASE_URL"] = (
+        make_url(server_url)
+        .set(drivername="postgresql+asyncpg")
+        .render_as_string(hide_password=False)
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "."],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout

@@ -159,16 +159,38 @@ def test_a_stale_holder_commits_nothing(effects: Engine, fate: str) -> None:
 def test_the_pool_must_hold_a_connection_per_transactional_handler(database_url: str) -> None:
     registry = sqlaq.Registry()
     registry.handler("t")(lambda payload, session: None)
-    small = create_engine(database_url, pool_size=3, max_overflow=0)
+    # The worker's own parts: claims 2, writer 1, maintenance 2, vacuum 1.
+    small = create_engine(database_url, pool_size=7, max_overflow=0)
     try:
-        with pytest.raises(sqlaq.ConfigError, match=r"holds at most 3 connections.* needs 12"):
+        with pytest.raises(
+            sqlaq.ConfigError,
+            match=r"holds at most 7 connections.* need 16 at once \(claims 2, writer 1, "
+            r"maintenance 2, vacuum 1, transactional handlers 10\)",
+        ):
             sqlaq.Worker(small, registry, concurrency=10)
-        sqlaq.Worker(small, registry, concurrency=1)  # 1 + 2 fit
+        sqlaq.Worker(small, registry, concurrency=1)  # 1 + 6 fit
         fitted = sqlaq.Worker(small, registry)  # the default is lowered to fit the pool
         assert fitted.config.concurrency == 1
         plain = sqlaq.Registry()
         plain.handler("p")(lambda payload: None)
-        sqlaq.Worker(small, plain, concurrency=10)  # plain handlers: batched, no check
+        sqlaq.Worker(small, plain, concurrency=10)  # plain handlers: the parts alone
+    finally:
+        small.dispose()
+
+
+def test_a_pool_too_small_for_the_workers_own_parts_is_refused(database_url: str) -> None:
+    plain = sqlaq.Registry()
+    plain.handler("p")(lambda payload: None)
+    small = create_engine(database_url, pool_size=3, max_overflow=0)
+    try:
+        with pytest.raises(
+            sqlaq.ConfigError,
+            match=r"holds at most 3 connections.* need 6 at once \(claims 2, writer 1, "
+            r"maintenance 2, vacuum 1\)",
+        ):
+            sqlaq.Worker(small, plain, concurrency=1)
+        # Without maintenance's lock (burst) and vacuum: claims and writer alone.
+        sqlaq.Worker(small, plain, concurrency=1, burst=True, vacuum=False)
     finally:
         small.dispose()
 
@@ -299,3 +321,57 @@ def test_an_async_transactional_handler_commits_with_its_job(effects: Engine) ->
     assert effect_rows(effects) == [(job_id, "async")]
     with effects.connect() as conn:
         assert sqlaq.result(conn, job_id).result == "ok"
+
+
+@pytest.mark.timeout(60)
+def test_a_session_connection_lost_before_the_handler_costs_no_attempt(
+    effects: Engine, database_url: str
+) -> None:
+    """A pooled connection killed while idle (a server restart, a backend kill) is found
+    before the handler runs: the job goes back without using an attempt, and runs on a
+    fresh connection."""
+    name = f"sqlaq-sessions-{uuid4().hex[:8]}"
+    sessions_engine = create_engine(
+        database_url, pool_size=4, connect_args={"application_name": name}
+    )
+    registry = sqlaq.Registry()
+    recorder = Recorder()
+
+    @registry.handler("tx")
+    def tx(payload: dict[str, Any], session: Session) -> None:
+        write_effect(session, "ran")
+
+    from sqlalchemy.orm import sessionmaker
+
+    worker = fast_worker(
+        effects, registry, recorder, concurrency=1, sessionmaker=sessionmaker(sessions_engine)
+    )
+    try:
+        with running(worker):
+            first = enqueue(effects, "tx")
+            recorder.wait_for(1)
+            idle = rows(
+                effects,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = :name",
+                name=name,
+            )
+            assert idle  # the session's pooled connection, idle
+            wait_until(
+                lambda: (
+                    not rows(
+                        effects,
+                        "SELECT 1 FROM pg_stat_activity WHERE application_name = :n",
+                        n=name,
+                    )
+                ),
+                10,
+                "the backend to go",
+            )
+            second = enqueue(effects, "tx")
+            wait_until(lambda: job(effects, second).status == "done", 20, "the second job")
+    finally:
+        sessions_engine.dispose()
+    assert job(effects, first).attempts == 1
+    assert job(effects, second).attempts == 1  # handed back: not charged
+    assert [r[1] for r in effect_rows(effects)] == ["ran", "ran"]

@@ -55,6 +55,8 @@ JOB_AT = NewJob("send", run_at=WHEN)
 HEADERS = '{"traceparent": "00-abc"}'
 REFERENCE = queries.Reference("public", "orders", "job_id")
 RATE = Rate(5, timedelta(seconds=1))
+#: An operator's condition: an OR to keep inside, a colon that is no bind, a percent sign.
+WHERE_TEXT = "payload->>'region' = 'eu' OR payload::text LIKE '%12:30%'"
 
 #: Builder name -> the keyword (or positional, as a tuple) arguments of each call pinned.
 CALLS: dict[str, list[Any]] = {
@@ -107,6 +109,19 @@ CALLS: dict[str, list[Any]] = {
             "lease": SECONDS,
             "where": [jobs.c.payload["region"].astext == "eu", jobs.c.priority > 1],
         },
+        {
+            "queue": "q",
+            "worker_id": WORKER,
+            "limit": 5,
+            "lease": SECONDS,
+            "kind": "k",
+            "where": queries.where_text(WHERE_TEXT),
+        },
+    ],
+    "where_text": [((WHERE_TEXT,), {})],
+    "where_check_stmt": [
+        {"where": queries.where_text(WHERE_TEXT)},
+        {"where": [jobs.c.payload["region"].astext == "eu", jobs.c.priority > 1]},
     ],
     "lock_kind_stmt": [{"kind": "k"}],
     "kind_limit_state_params": [{"kind": "k", "rate": None}, {"kind": "k", "rate": RATE}],
@@ -193,6 +208,7 @@ CALLS: dict[str, list[Any]] = {
     ],
     "has_schema_revision_stmt": [{}],
     "schema_revision_stmt": [{}],
+    "ping_stmt": [{}],
     "snooze_stmt": [{"leases": [LEASE], "delay": SECONDS}],
     "handback_stmt": [{"leases": [LEASE, LEASE2]}],
     "notify_queues_stmt": [{"queues": ["a", "b"]}],
