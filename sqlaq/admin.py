@@ -439,6 +439,10 @@ def _list(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+#: Left out of ``sqlaq show``'s text for a job outside any workflow.
+_WORKFLOW_COLUMNS = ("has_dependents", "on_parent_failure", "parent_ids")
+
+
 def _show(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     with engine.connect() as conn:
         row = conn.execute(queries.get_job_stmt(job_id=args.id)).first()
@@ -449,6 +453,10 @@ def _show(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         print(json.dumps(data, indent=2), file=out)
         return 0
+    if not data.get("has_dependents") and data.get("parent_ids") is None:
+        # Not part of a workflow: its workflow columns say nothing.
+        for key in _WORKFLOW_COLUMNS:
+            data.pop(key, None)
     width = max(len(k) for k in data)
     for key, value in data.items():
         # JSON columns as JSON: a result may be a string, which must read as one.

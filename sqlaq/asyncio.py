@@ -79,8 +79,11 @@ __all__ = [
     "AsyncExecutor",
     "assert_enqueued",
     "asynchronous",
+    "batch",
     "cancel",
     "cancelled_among",
+    "chain",
+    "chord",
     "claim",
     "claim_limited",
     "complete",
@@ -93,12 +96,15 @@ __all__ = [
     "explain",
     "extend_lease",
     "fail",
+    "group",
     "handback",
     "list_workers",
     "notify_queues",
+    "parent_results",
     "pause",
     "paused_queues",
     "prune",
+    "release_waiting",
     "result",
     "resume",
     "retry",
@@ -248,6 +254,12 @@ list_workers = asynchronous(ops.list_workers)
 enqueue_periodic = asynchronous(periodic.enqueue_periodic)
 result = asynchronous(results.result)
 complete_with_result = asynchronous(results.complete_with_result)
+chain = asynchronous(ops.chain)
+group = asynchronous(ops.group)
+chord = asynchronous(ops.chord)
+batch = asynchronous(ops.batch)
+parent_results = asynchronous(ops.parent_results)
+release_waiting = asynchronous(ops.release_waiting)
 explain = asynchronous(_sync_explain)  # (sqlaq.explain, the module, is the function)
 
 

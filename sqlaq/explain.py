@@ -5,7 +5,8 @@ and what can hold it back, on the caller's connection, and returns every reason 
 applies, each a :class:`Reason`: a stable code (:class:`ReasonCode`, for scripts and
 alerts) and one line for people. What it reads, all through :mod:`sqlaq.queries`:
 
-* the job's row: finished (status, when, last error), not due yet (a delay, a retry's
+* the job's row: finished (status, when, last error), waiting for its parents (the
+  ids of those not finished, from ``sqlaq_job_deps``), not due yet (a delay, a retry's
   backoff, a snooze), running under a lease (held by which worker, until when) or with
   a lease that ended;
 * ``sqlaq_paused_queues``: its queue is paused;
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from sqlaq import queries
 from sqlaq.drive import Plan, operation
 from sqlaq.errors import ConfigError
+from sqlaq.ops._links import waiting_for
 from sqlaq.results import JobNotFoundError
 from sqlaq.schema import JobStatus
 
@@ -46,6 +48,8 @@ DEFAULT_STALE_AFTER = timedelta(minutes=5)
 #: :func:`explain` counts the due jobs ahead of a waiting one up to this many.
 AHEAD_LIMIT = 10_000
 _INT8_MAX = 9_223_372_036_854_775_807
+#: Every run_at from this one on is a job held for its parents (schema.WAITING_FROM).
+_HELD_FROM = datetime(9900, 1, 1, tzinfo=UTC)
 
 
 class ReasonCode(enum.StrEnum):
@@ -56,6 +60,7 @@ class ReasonCode(enum.StrEnum):
     RUNNING = "running"  # a worker holds its lease
     LEASE_EXPIRED = "lease_expired"  # running, but its lease ended: to be claimed again
     NOT_DUE = "not_due"  # queued, due later (delay, backoff, snooze)
+    PARENTS = "parents"  # waiting for the jobs it was enqueued after
     PAUSED = "paused"  # its queue is paused
     NO_HANDLER = "no_handler"  # the registry has no handler for its kind
     CONCURRENCY = "concurrency"  # its kind is at its concurrency limit
@@ -173,7 +178,9 @@ def _running(job: Any, now: datetime) -> Plan[Reason]:
 def _held(job: Any, now: datetime, registry: Registry | None) -> Plan[list[Reason]]:
     """What holds a queued job back: not due, paused queue, limits, no handler."""
     reasons: list[Reason] = []
-    if job.run_at > now:
+    if job.parent_ids is not None and job.run_at >= _HELD_FROM:
+        reasons.append((yield from _parents(job)))
+    elif job.run_at > now:
         after = ""
         if job.attempts and job.last_error:
             after = f" (attempt {job.attempts} failed: {_first_line(job.last_error)})"
@@ -191,6 +198,18 @@ def _held(job: Any, now: datetime, registry: Registry | None) -> Plan[list[Reaso
     if registry is not None:
         reasons += yield from _limits(job, now, registry)
     return reasons
+
+
+def _parents(job: Any) -> Plan[Reason]:
+    parents = yield from waiting_for(job.id)
+    if not parents:
+        return Reason(
+            ReasonCode.PARENTS,
+            "its parents have all finished: the next release check (a worker's, or the "
+            "maintenance leader's sweep) makes it due",
+        )
+    shown = ", ".join(map(str, parents[:10])) + (", ..." if len(parents) > 10 else "")
+    return Reason(ReasonCode.PARENTS, f"waiting for {len(parents)} parent(s): ids {shown}")
 
 
 def _limits(job: Any, now: datetime, registry: Registry) -> Plan[list[Reason]]:

@@ -255,6 +255,9 @@ class Maintenance:
             return
         try:
             swept = self._in_batches(conn, lambda: ops.sweep(conn, limit=BATCH))
+            # Waiting jobs whose parents all finished but no check released (a crash
+            # between a parent's commit and its check, a lost notification).
+            swept += self._in_batches(conn, lambda: len(ops.release_waiting(conn, limit=BATCH)))
             pruned = self._prune(conn, self._retain_done, {JobStatus.DONE, JobStatus.CANCELLED})
             pruned += self._prune(conn, self._retain_failed, {JobStatus.FAILED})
             stale = timedelta(seconds=STALE_INTERVALS * self._interval)

@@ -53,7 +53,8 @@ class Job(_Base):
     INSERT has no ``ON CONFLICT``, so a duplicate would raise IntegrityError at flush and
     abort the whole transaction, while ``enqueue`` reports the existing job and leaves
     the transaction usable. The same goes for debounce and ``unique_for``: they exist
-    only as :func:`sqlaq.enqueue` arguments (``debounce_key`` cannot be set here).
+    only as :func:`sqlaq.enqueue` arguments (``debounce_key`` cannot be set here), and so do
+    workflows (``after=``, :func:`sqlaq.chain` and the other shapes).
 
     ``timeout`` (a positive ``timedelta``, at most 100 years) is this job's attempt
     timeout, over its handler's (see "Timeouts" in the README).
@@ -87,6 +88,13 @@ class Job(_Base):
     debounce_key: Mapped[str | None]
     #: This job's attempt timeout, over its handler's; None: the handler's.
     timeout: Mapped[timedelta | None]
+    #: Another job waits for this one (set by ``enqueue(..., after=...)`` and the
+    #: workflow shapes; read-only here).
+    has_dependents: Mapped[bool]
+    #: What this job does when a parent fails: ``cancel`` (None), ``run`` or ``fail``.
+    on_parent_failure: Mapped[str | None]
+    #: The jobs this one was enqueued to wait for, or None.
+    parent_ids: Mapped[list[int] | None]
 
     def __init__(self, **kwargs: Any) -> None:
         if "kind" not in kwargs:

@@ -248,3 +248,33 @@ class RetryResult(list[int]):
 
     def __repr__(self) -> str:
         return f"RetryResult({list(self)!r}, skipped={self.skipped!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    """The jobs a workflow shape enqueued (:func:`sqlaq.chain`, :func:`sqlaq.group`,
+    :func:`sqlaq.chord`, :func:`sqlaq.batch`).
+
+    Attributes:
+        job_ids: The jobs given, in order (a chain's steps, a group's members).
+        callback_id: A chord's or a batch's callback; None for a chain or a group.
+    """
+
+    job_ids: tuple[int, ...]
+    callback_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParentResult:
+    """One parent of a job, as :func:`sqlaq.parent_results` reads it.
+
+    Attributes:
+        job_id: The parent.
+        status: Its status (a :class:`~sqlaq.JobStatus` value): ``done``, or ``failed``
+            or ``cancelled`` for a batch's callback (or a child that runs anyway).
+        result: Its handler's return value (JSON), None if it returned none or is not done.
+    """
+
+    job_id: int
+    status: str
+    result: Any

@@ -35,6 +35,17 @@ Design decisions written down here:
   new one enqueued meanwhile. ``sqlaq_unique_holds`` holds a ``(kind, dedupe_key)``
   until ``expires_at`` whatever becomes of its job (a unique index cannot express a
   window); ``timeout`` is a job's own attempt timeout, over its handler's.
+* Workflows (sqlaq_0006): a job enqueued to wait for others (its parents) is queued
+  with ``run_at`` at WAITING_RUN_AT (never due: the claim is unchanged) and one row of
+  ``sqlaq_job_deps`` per parent not yet finished. A parent's own rows are deleted by a
+  row trigger when it finishes (``WHEN`` it ``has_dependents``: every other job pays a
+  boolean test), in its finishing transaction; the same trigger applies the child's
+  ``on_parent_failure`` and releases (``run_at = now()``) the children left with no
+  row. No row is shared by two parents, so parents finish in parallel; two parents
+  finishing at once may each still see the other's row, so the trigger also notifies
+  ``sqlaq_release`` for each child still waiting, and whoever hears it checks again
+  after commit (the last committer's check sees every delete); the maintenance leader
+  sweeps what a lost notification left.
 * Status literals in predicates are inlined, never bound: a prepared ``ON CONFLICT ...
   WHERE status IN ($1, $2)`` stops matching the partial index once PostgreSQL switches
   to a generic plan.
@@ -74,6 +85,14 @@ PAUSED_TABLE = "sqlaq_paused_queues"
 WORKERS_TABLE = "sqlaq_workers"
 UNIQUE_HOLDS_TABLE = "sqlaq_unique_holds"
 DEBOUNCE_INDEX = "sqlaq_jobs_debounce_idx"
+DEPS_TABLE = "sqlaq_job_deps"
+WAITING_INDEX = "sqlaq_jobs_waiting_idx"
+DEPS_FUNCTION = "sqlaq_jobs_settle_children"
+DEPS_TRIGGER = "sqlaq_jobs_deps_trg"
+#: The NOTIFY channel of waiting jobs whose parent finished while they kept a parent
+#: that may be finishing at the same time: checked again after commit (the payload is
+#: the waiting job's id).
+RELEASE_CHANNEL = "sqlaq_release"
 #: The NOTIFY channel :func:`sqlaq.cancel` signals, with the id of a running job it
 #: cancelled as payload, so the worker running it is told at once.
 CANCEL_CHANNEL = "sqlaq_cancel"
@@ -103,6 +122,15 @@ RUNNING_SQL = "status = 'running'"
 DEDUPE_SQL = f"{PENDING_SQL} AND dedupe_key IS NOT NULL"
 #: Never-started queued jobs with a debounce key: what a debounced enqueue may update.
 DEBOUNCE_SQL = "status = 'queued' AND attempted_at IS NULL AND debounce_key IS NOT NULL"
+#: Queued jobs with parents: the waiting ones among them have ``run_at`` at
+#: WAITING_RUN_AT (the rest were released and are due).
+WAITING_SQL = "status = 'queued' AND parent_ids IS NOT NULL"
+#: A waiting job's ``run_at``: later than any an enqueue accepts (encoding.MAX_RUN_AT),
+#: so never due, yet readable by Python (``'infinity'`` is not).
+WAITING_RUN_AT = "9999-01-01 00:00:00+00"
+#: Every ``run_at`` from this one on is a waiting job's (a retry's or a snooze's is at
+#: most 100 years ahead; an enqueue's at most encoding.MAX_RUN_AT).
+WAITING_FROM = "9900-01-01 00:00:00+00"
 
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 5
@@ -181,10 +209,16 @@ jobs = Table(
     Column("debounce_key", Text),
     # The job's own attempt timeout, over its handler's (NULL: the handler's).
     Column("timeout", Interval),
+    # Workflows (sqlaq_0006): another job waits for this one (the trigger's flag), what
+    # this job does when a parent fails (NULL: 'cancel'), and all its parents.
+    Column("has_dependents", Boolean, nullable=False, server_default=text("false")),
+    Column("on_parent_failure", Text),
+    Column("parent_ids", ARRAY(BigInteger)),
     CheckConstraint(
         "status IN ('queued', 'running', 'done', 'failed', 'cancelled')", name="status"
     ),
     CheckConstraint("max_attempts > 0", name="max_attempts"),
+    CheckConstraint("on_parent_failure IN ('cancel', 'run', 'fail')", name="on_parent_failure"),
     Index(
         CLAIM_INDEX,
         "queue",
@@ -209,6 +243,7 @@ jobs = Table(
         unique=True,
         postgresql_where=text(DEBOUNCE_SQL),
     ),
+    Index(WAITING_INDEX, "id", postgresql_where=text(WAITING_SQL)),
 )
 
 #: The recent starts of each rate-limited kind (a sliding-window log, at most the rate's
@@ -265,4 +300,15 @@ unique_holds = Table(
     Column("key", Text, primary_key=True),
     Column("job_id", BigInteger, nullable=False),
     Column("expires_at", TIMESTAMP(timezone=True), nullable=False, index=True),
+)
+
+
+#: Workflows: one row per (parent not yet finished, job waiting for it).
+job_deps = Table(
+    DEPS_TABLE,
+    metadata,
+    Column("parent_id", BigInteger, primary_key=True),
+    Column("child_id", BigInteger, primary_key=True),
+    # "Any parent left?" probes it from the finishing parent's own position.
+    Index(None, "child_id", "parent_id"),
 )

@@ -190,8 +190,8 @@ def conn(engine: Engine) -> Iterator[Connection]:
 
 
 #: Empties every table of sqlaq's (the queue, the rate logs, the periodic slots, the
-#: unique_for holds).
-TRUNCATE = "TRUNCATE sqlaq_jobs, sqlaq_rates, sqlaq_periodic, sqlaq_unique_holds"
+#: unique_for holds, the workflow edges).
+TRUNCATE = "TRUNCATE sqlaq_jobs, sqlaq_rates, sqlaq_periodic, sqlaq_unique_holds, sqlaq_job_deps"
 
 
 @pytest.fixture

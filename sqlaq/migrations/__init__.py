@@ -32,6 +32,7 @@ from sqlaq.schema import (
     CLAIM_INDEX,
     DEBOUNCE_INDEX,
     DEDUPE_INDEX,
+    DEPS_TABLE,
     FINISHED_INDEX,
     PAUSED_TABLE,
     PERIODIC_TABLE,
@@ -40,6 +41,7 @@ from sqlaq.schema import (
     TABLE_NAME,
     UNIQUE_HOLDS_TABLE,
     VERSION_TABLE,
+    WAITING_INDEX,
     WORKERS_TABLE,
 )
 
@@ -69,7 +71,7 @@ __all__ = [
 
 #: The newest shipped revision: what this sqlaq needs. A test pins it to the head of the
 #: revision files, so it cannot drift from them.
-HEAD = "sqlaq_0005"
+HEAD = "sqlaq_0006"
 #: The branch label of sqlaq's revisions: ``alembic downgrade sqlaq@base``.
 BRANCH = "sqlaq"
 #: For a host's ``version_locations`` (needs ``path_separator = space`` or similar).
@@ -85,10 +87,13 @@ _OWN_TABLES = frozenset(
         PAUSED_TABLE,
         WORKERS_TABLE,
         UNIQUE_HOLDS_TABLE,
+        DEPS_TABLE,
         VERSION_TABLE,
     }
 )
-_OWN_INDEXES = frozenset({CLAIM_INDEX, DEDUPE_INDEX, FINISHED_INDEX, RUNNING_INDEX, DEBOUNCE_INDEX})
+_OWN_INDEXES = frozenset(
+    {CLAIM_INDEX, DEDUPE_INDEX, FINISHED_INDEX, RUNNING_INDEX, DEBOUNCE_INDEX, WAITING_INDEX}
+)
 
 
 def include_name(name: str | None, type_: str, parent_names: Mapping[str, Any]) -> bool:
@@ -119,7 +124,7 @@ def standalone_config(url: str | None = None, *, connection: Connection | None =
 
 
 def head_revision() -> str:
-    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0005"`` (:data:`HEAD`)."""
+    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0006"`` (:data:`HEAD`)."""
     return HEAD
 
 

@@ -28,6 +28,9 @@ from sqlalchemy import Connection
 from sqlaq import queries
 from sqlaq.errors import SchemaOutOfDateError
 from sqlaq.schema import (
+    DEPS_FUNCTION,
+    DEPS_TABLE,
+    DEPS_TRIGGER,
     FINISH_FUNCTION,
     FINISH_TRIGGER,
     NOTIFY_FUNCTION,
@@ -61,6 +64,7 @@ EXPECTED_TABLES = (
     PAUSED_TABLE,
     WORKERS_TABLE,
     UNIQUE_HOLDS_TABLE,
+    DEPS_TABLE,
 )
 
 _PENDING = "(status = ANY (ARRAY['queued'::text, 'running'::text]))"
@@ -99,6 +103,16 @@ EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
         "CREATE INDEX sqlaq_unique_holds_expires_at_idx ON sqlaq_unique_holds USING btree "
         "(expires_at)",
     ),
+    "sqlaq_jobs_waiting_idx": (
+        TABLE_NAME,
+        "CREATE INDEX sqlaq_jobs_waiting_idx ON sqlaq_jobs USING btree (id) "
+        "WHERE ((status = 'queued'::text) AND (parent_ids IS NOT NULL))",
+    ),
+    "sqlaq_job_deps_child_id_idx": (
+        DEPS_TABLE,
+        "CREATE INDEX sqlaq_job_deps_child_id_idx ON sqlaq_job_deps USING btree "
+        "(child_id, parent_id)",
+    ),
 }
 
 #: Constraint name -> (table, definition); NOT NULL constraints are the columns'.
@@ -115,6 +129,11 @@ EXPECTED_CONSTRAINTS: Mapping[str, tuple[str, str]] = {
     "sqlaq_paused_queues_pkey": (PAUSED_TABLE, "PRIMARY KEY (queue)"),
     "sqlaq_workers_pkey": (WORKERS_TABLE, "PRIMARY KEY (worker_id)"),
     "sqlaq_unique_holds_pkey": (UNIQUE_HOLDS_TABLE, "PRIMARY KEY (kind, key)"),
+    "sqlaq_jobs_on_parent_failure_check": (
+        TABLE_NAME,
+        "CHECK ((on_parent_failure = ANY (ARRAY['cancel'::text, 'run'::text, 'fail'::text])))",
+    ),
+    "sqlaq_job_deps_pkey": (DEPS_TABLE, "PRIMARY KEY (parent_id, child_id)"),
 }
 
 #: Trigger name -> (table, definition).
@@ -129,6 +148,13 @@ EXPECTED_TRIGGERS: Mapping[str, tuple[str, str]] = {
         f"CREATE TRIGGER {FINISH_TRIGGER} AFTER UPDATE OF status ON sqlaq_jobs FOR EACH ROW "
         f"WHEN ((new.awaited AND (new.status = ANY (ARRAY['done'::text, 'failed'::text, "
         f"'cancelled'::text])))) EXECUTE FUNCTION {FINISH_FUNCTION}()",
+    ),
+    DEPS_TRIGGER: (
+        TABLE_NAME,
+        "CREATE TRIGGER sqlaq_jobs_deps_trg AFTER UPDATE OF status ON sqlaq_jobs FOR EACH"
+        " ROW WHEN (((new.has_dependents OR (old.parent_ids IS NOT NULL)) AND (new.status"
+        " = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))) EXECUTE "
+        "FUNCTION sqlaq_jobs_settle_children()",
     ),
 }
 
@@ -145,6 +171,33 @@ EXPECTED_FUNCTIONS: Mapping[str, str] = {
         f"CREATE OR REPLACE FUNCTION {FINISH_FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
         "AS $function$ BEGIN PERFORM pg_notify('sqlaq_finished', NEW.id::text); "
         "RETURN NULL; END $function$"
+    ),
+    DEPS_FUNCTION: (
+        "CREATE OR REPLACE FUNCTION sqlaq_jobs_settle_children() RETURNS trigger LANGUAGE"
+        " plpgsql AS $function$ DECLARE children bigint[]; child bigint; other bigint; "
+        "released_queue text; BEGIN IF OLD.parent_ids IS NOT NULL THEN DELETE FROM "
+        "sqlaq_job_deps WHERE child_id = NEW.id; END IF; IF NOT NEW.has_dependents THEN "
+        "RETURN NULL; END IF; WITH gone AS (DELETE FROM sqlaq_job_deps WHERE parent_id = "
+        "NEW.id RETURNING child_id) SELECT array_agg(child_id) INTO children FROM gone; "
+        "IF children IS NULL THEN RETURN NULL; END IF; IF NEW.status <> 'done' THEN "
+        "UPDATE sqlaq_jobs SET status = CASE WHEN on_parent_failure = 'fail' THEN "
+        "'failed' ELSE 'cancelled' END, finished_at = now(), last_error = format('parent "
+        "job %s %s', NEW.id, NEW.status) WHERE id = ANY (children) AND status = 'queued' "
+        "AND run_at >= '9900-01-01 00:00:00+00' AND coalesce(on_parent_failure, 'cancel')"
+        " <> 'run'; END IF; FOREACH child IN ARRAY children LOOP -- Any parent left? "
+        "Probe up, then down, from this parent's own edge: the -- nearest live edge comes"
+        " first, not the dead ones of earlier parents. SELECT d.parent_id INTO other FROM"
+        " sqlaq_job_deps d WHERE d.child_id = child AND d.parent_id > NEW.id ORDER BY "
+        "d.parent_id LIMIT 1; IF other IS NULL THEN SELECT d.parent_id INTO other FROM "
+        "sqlaq_job_deps d WHERE d.child_id = child AND d.parent_id < NEW.id ORDER BY "
+        "d.parent_id DESC LIMIT 1; END IF; IF other IS NOT NULL THEN -- Its parent may be"
+        " finishing at this instant, unseen: check again -- after commit (whoever listens"
+        " on sqlaq_release). PERFORM pg_notify('sqlaq_release', child::text); ELSE "
+        "released_queue := NULL; UPDATE sqlaq_jobs SET run_at = now() WHERE id = child "
+        "AND status = 'queued' AND run_at >= '9900-01-01 00:00:00+00' RETURNING queue "
+        "INTO released_queue; IF released_queue IS NOT NULL THEN PERFORM "
+        "pg_notify('sqlaq_jobs', released_queue); END IF; END IF; END LOOP; RETURN NULL; "
+        "END $function$"
     ),
 }
 

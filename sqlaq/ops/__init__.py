@@ -10,7 +10,10 @@ Every operation on a job, in lifecycle order, each written once as a plan (see
 * :mod:`~sqlaq.ops.retention`: :func:`retry`, :func:`cancel`, :func:`cancelled_among`,
   :func:`sweep`, :func:`prune`;
 * :mod:`~sqlaq.ops.operators`: :func:`pause`, :func:`resume`, :func:`paused_queues`,
-  :func:`list_workers`, :func:`notify_queues`.
+  :func:`list_workers`, :func:`notify_queues`;
+* :mod:`~sqlaq.ops.workflows`: :func:`chain`, :func:`group`, :func:`chord`,
+  :func:`batch`, :func:`parent_results`, :func:`release_waiting` (and ``enqueue(...,
+  after=...)``).
 
 The values they return (:class:`ClaimedJob`, :class:`EnqueueResult`, ...) live in
 :mod:`sqlaq.records` and are importable here too.
@@ -41,16 +44,19 @@ from sqlaq.ops.enqueuing import enqueue, enqueue_copy, enqueue_many
 from sqlaq.ops.operators import list_workers, notify_queues, pause, paused_queues, resume
 from sqlaq.ops.retention import cancel, cancelled_among, prune, retry, sweep
 from sqlaq.ops.settling import MAX_ERROR_LENGTH, complete, extend_lease, fail, handback, snooze
+from sqlaq.ops.workflows import batch, chain, chord, group, parent_results, release_waiting
 from sqlaq.records import (
     ClaimedJob,
     EnqueueOutcome,
     EnqueueResult,
     LimitedClaim,
+    ParentResult,
     PausedQueue,
     PruneResult,
     RetryResult,
     SkippedRetry,
     WorkerInfo,
+    Workflow,
 )
 
 __all__ = [
@@ -62,13 +68,18 @@ __all__ = [
     "EnqueueResult",
     "Executor",
     "LimitedClaim",
+    "ParentResult",
     "PausedQueue",
     "PruneResult",
     "RetryResult",
     "SkippedRetry",
     "WorkerInfo",
+    "Workflow",
+    "batch",
     "cancel",
     "cancelled_among",
+    "chain",
+    "chord",
     "claim",
     "claim_limited",
     "complete",
@@ -77,12 +88,15 @@ __all__ = [
     "enqueue_many",
     "extend_lease",
     "fail",
+    "group",
     "handback",
     "list_workers",
     "notify_queues",
+    "parent_results",
     "pause",
     "paused_queues",
     "prune",
+    "release_waiting",
     "resume",
     "retry",
     "snooze",

@@ -18,6 +18,7 @@ from sqlaq.encoding import (
 )
 from sqlaq.errors import InvalidJobError
 from sqlaq.ops._common import DEFAULT_LEASE
+from sqlaq.ops._links import check_after, check_policy, link, mark_parents
 from sqlaq.queries.columns import copy_row
 from sqlaq.records import EnqueueOutcome, EnqueueResult
 from sqlaq.schema import (
@@ -62,6 +63,8 @@ def enqueue(
     debounce_key: str | None = None,
     debounce: timedelta | None = None,
     max_wait: timedelta | None = None,
+    after: Iterable[int] | None = None,
+    on_parent_failure: str = "cancel",
 ) -> Plan[EnqueueResult]:
     """Insert one job in the caller's transaction.
 
@@ -97,6 +100,13 @@ def enqueue(
         max_wait: With *debounce*: the debounced job runs no later than its first
             enqueue (``created_at``) plus *max_wait*, however often it is pushed back;
             at least *debounce*. None: no cap.
+        after: Job ids this job waits for (its parents): it is not claimable until
+            every one has finished. Not with *dedupe_key* or *debounce*. Each parent's
+            row stays locked until the caller's transaction ends.
+        on_parent_failure: What this job does when a parent fails (for good) or is
+            cancelled: ``"cancel"`` (the default: it is cancelled, and so its own
+            children), ``"run"`` (it runs anyway once every parent has finished) or
+            ``"fail"`` (it fails, its ``last_error`` naming the parent).
 
     Returns:
         The job's id and what happened (:class:`EnqueueResult`).
@@ -122,6 +132,8 @@ def enqueue(
         check_duration("unique_for", unique_for, allow_zero=False)
         if job.dedupe_key is None:
             raise InvalidJobError("unique_for needs a dedupe_key: the key it holds")
+    if after is not None:
+        return (yield from _enqueue_after(job, after, on_parent_failure, debounced, unique_for))
     # The enqueuer's trace context (sqlaq[otel]), linked from each attempt's span.
     params = queries.enqueue_params(job, headers=tracing.capture())
     if debounced:
@@ -148,6 +160,28 @@ def enqueue(
         f"could not enqueue {kind!r} with dedupe_key {dedupe_key!r}: its pending twin kept "
         "changing; try again"
     )
+
+
+def _enqueue_after(
+    job: NewJob,
+    after: Iterable[int],
+    on_parent_failure: str,
+    debounced: bool,
+    unique_for: timedelta | None,
+) -> Plan[EnqueueResult]:
+    """Enqueue *job* to wait for the jobs of *after* (its parents)."""
+    policy = check_policy(on_parent_failure)
+    if job.dedupe_key is not None or debounced or unique_for is not None:
+        raise InvalidJobError(
+            "after does not go with dedupe_key, unique_for or debounce: a job that waits "
+            "for others is always a new job"
+        )
+    parents = check_after(after)
+    statuses = yield from mark_parents(parents)  # before the insert: a bad id writes nothing
+    params = queries.enqueue_params(job, headers=tracing.capture())
+    job_id = (yield _ENQUEUE, params).scalar_one()
+    yield from link([(parent, job_id) for parent in parents], statuses, policy)
+    return EnqueueResult(job_id)
 
 
 def _check_debounce(

@@ -22,7 +22,8 @@ package's namespace holds them all (``sqlaq.queries.claim_stmt``)::
 * :mod:`~sqlaq.queries.operators`: paused queues, workers' heartbeats, the wake channel;
 * :mod:`~sqlaq.queries.inspect`: reading jobs and queues (operators, tests, explain);
 * :mod:`~sqlaq.queries.catalog`: the schema as the database has it;
-* :mod:`~sqlaq.queries.dashboard`: what the dashboard shows.
+* :mod:`~sqlaq.queries.dashboard`: what the dashboard shows;
+* :mod:`~sqlaq.queries.workflow`: jobs that wait for other jobs (edges, holds, release).
 
 Rules every builder keeps (each learnt the hard way):
 
@@ -171,6 +172,16 @@ from sqlaq.queries.settle import (
     handback_stmt,
     snooze_stmt,
 )
+from sqlaq.queries.workflow import (
+    end_children_stmt,
+    hold_stmt,
+    link_stmt,
+    mark_parents_stmt,
+    parent_results_stmt,
+    release_stmt,
+    release_waiting_stmt,
+    waiting_for_stmt,
+)
 
 __all__ = [
     "CLAIM_COLUMNS",
@@ -201,6 +212,7 @@ __all__ = [
     "dedupe_twin_stmt",
     "drop_database_stmt",
     "due_queues_stmt",
+    "end_children_stmt",
     "enqueue_copy_stmt",
     "enqueue_many_stmt",
     "enqueue_params",
@@ -223,6 +235,7 @@ __all__ = [
     "handback_stmt",
     "has_schema_revision_stmt",
     "heartbeat_stmt",
+    "hold_stmt",
     "job_outcome_stmt",
     "job_page_stmt",
     "job_value_stmt",
@@ -230,11 +243,14 @@ __all__ = [
     "jobs_list_stmt",
     "kind_limit_state_params",
     "kind_limit_state_stmt",
+    "link_stmt",
     "listen_stmt",
     "lock_kind_stmt",
+    "mark_parents_stmt",
     "notify_queues_stmt",
     "overview_counts_stmt",
     "overview_health_stmt",
+    "parent_results_stmt",
     "pause_stmt",
     "paused_queues_stmt",
     "periodic_advance_stmt",
@@ -249,6 +265,8 @@ __all__ = [
     "rate_logs_stmt",
     "record_starts_params",
     "record_starts_stmt",
+    "release_stmt",
+    "release_waiting_stmt",
     "resign_stmt",
     "resume_stmt",
     "retarget_hold_stmt",
@@ -269,6 +287,7 @@ __all__ = [
     "vacuum_need_stmt",
     "vacuum_stmt",
     "wait_percentiles_stmt",
+    "waiting_for_stmt",
     "watch_job_stmt",
     "where_check_stmt",
     "where_text",

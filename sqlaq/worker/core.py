@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 from sqlaq.maintenance import Maintenance, direct_engine
 from sqlaq.outcome import Outcome, Verdict, decide
 from sqlaq.registry import Registry
-from sqlaq.schema import CANCEL_CHANNEL, CHANNEL
+from sqlaq.schema import CANCEL_CHANNEL, CHANNEL, RELEASE_CHANNEL
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
 from sqlaq.worker import pool
 from sqlaq.worker.fetcher import Fetcher
@@ -164,6 +164,7 @@ class Worker:
         self._finished: deque[Finished] = deque()  # the runner's
         self._woken: deque[str | None] = deque()  # the listener's: queues (None: all)
         self._cancels: deque[int] = deque()  # the listener's: job ids
+        self._releases: deque[int] = deque()  # the listener's: waiting jobs to check
         self._unwritten: list[tuple[Finished, Outcome]] = []  # not yet handed to the writer
         self._writing: Batch | None = None  # handed to the writer, not yet settled
         self._db_failures = 0
@@ -238,7 +239,7 @@ class Worker:
                     if changed is None:
                         raise
                     break
-                if config.burst and self._quiet():
+                if config.burst and self._quiet() and not self._release_left():
                     break
                 self._sleep()
             self._shutdown(changed)
@@ -336,7 +337,7 @@ class Worker:
             direct = config.listen_url  # PostgreSQL itself when the engine goes via PgBouncer
             engine = direct_engine(direct, LISTENER_APPLICATION_NAME) if direct else self._engine
             params = connection_params(engine, LISTENER_APPLICATION_NAME)
-            statement = queries.listen_stmt(channel=(CHANNEL, CANCEL_CHANNEL))
+            statement = queries.listen_stmt(channel=(CHANNEL, CANCEL_CHANNEL, RELEASE_CHANNEL))
             self._listener = Listener(params, statement, self._notified, self._wake.set)
             self._listener.start()
         if not config.burst:  # with maintenance off, it keeps the heartbeat row only
@@ -412,6 +413,8 @@ class Worker:
             self._fetcher.woken(self.config.queues if queue is None else (queue,))
         while self._cancels:
             self._leases.cancelled(self._cancels.popleft())
+        if self._releases:
+            self._release()
         leases = self._leases
         committed: list[Written] = []
         if self._pace is not None and self._finished:
@@ -433,6 +436,33 @@ class Worker:
             self._settle(committed)
         for run in self._runner.expired(monotonic()):
             self._time_out(run)
+
+    def _release(self) -> None:
+        """Check again, after their parent's commit, the waiting jobs a finishing parent
+        named: the last parent to commit sees every other's delete, so one check
+        releases each job (see :func:`sqlaq.release_waiting`). A failure is left to the
+        leader's sweep."""
+        ids = list(dict.fromkeys(self._releases))
+        self._releases.clear()
+        try:
+            with self._engine.begin() as conn:
+                ops.release_waiting(conn, job_ids=ids)
+        except Exception as exc:
+            _log.warning("could not release waiting jobs (the sweep will): %s", describe(exc))
+
+    def _release_left(self) -> bool:
+        """A burst worker with nothing due: release the waiting jobs whose parents have
+        all finished (it has neither a listener nor the leader's sweep), and go on if
+        there were any."""
+        try:
+            with self._engine.begin() as conn:
+                released = ops.release_waiting(conn)
+        except Exception as exc:
+            _log.warning("could not release waiting jobs: %s", describe(exc))
+            return False
+        if released:
+            self._fetcher.woken(self.config.queues)
+        return bool(released)
 
     def _time_out(self, run: Run) -> None:
         """*run*, a sync handler, is past its deadline and cannot be interrupted: write
@@ -545,7 +575,7 @@ class Worker:
         """Wait for something to do: an outcome, a written batch, a notification, a
         stop, or a timer (the next poll while a slot is free, the next heartbeat while
         leases are held and the writer is free)."""
-        if self._finished or self._woken or self._cancels:
+        if self._finished or self._woken or self._cancels or self._releases:
             return
         writing = self._writing
         if writing is None and self._unwritten:
@@ -597,6 +627,9 @@ class Worker:
         if channel == CANCEL_CHANNEL:
             if payload and payload.isdigit():
                 self._cancels.append(int(payload))
+        elif channel == RELEASE_CHANNEL:
+            if payload and payload.isdigit():
+                self._releases.append(int(payload))
         elif payload is None or payload in self.config.queues:
             self._woken.append(payload)
 

@@ -523,3 +523,35 @@ async def test_scoped_sessions_go_to_their_own_kind_of_operation(
         sync_scoped.rollback()
     finally:
         sync_scoped.remove()
+
+
+# -- workflows -----------------------------------------------------------------------------
+
+
+async def test_workflow_shapes_run_in_order_and_the_callback_reads_results(
+    aconn: AsyncExecutor,
+) -> None:
+    worker = uuid.uuid4()
+
+    async def run_due() -> list[int]:
+        jobs = await aq.claim(aconn, worker_id=worker, limit=50, lease=LEASE)
+        for job in jobs:
+            await aq.complete_with_result(aconn, job.lease, str(job.id))
+        return sorted(j.id for j in jobs)
+
+    a, b = (await aq.chain(aconn, [NewJob("a"), NewJob("b")])).job_ids
+    fan = await aq.group(aconn, [NewJob("g"), NewJob("g")], after=[b])
+    chord = await aq.chord(aconn, [NewJob("m")], then=NewJob("sum"), after=[b])
+    done = await aq.batch(aconn, [NewJob("m")], on_complete=NewJob("cb"), after=[b])
+    waiting = await aq.enqueue(aconn, "late", after=[chord.callback_id], on_parent_failure="run")
+    assert await run_due() == [a]
+    assert await run_due() == [b]
+    assert await run_due() == sorted([*fan.job_ids, *chord.job_ids, *done.job_ids])
+    assert await run_due() == sorted([chord.callback_id, done.callback_id])
+    assert await run_due() == [waiting.job_id]
+    assert chord.callback_id is not None
+    parents = await aq.parent_results(aconn, chord.callback_id)
+    assert [(p.job_id, p.status, p.result) for p in parents] == [
+        (chord.job_ids[0], "done", chord.job_ids[0])
+    ]
+    assert await aq.release_waiting(aconn) == []

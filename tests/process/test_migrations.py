@@ -46,6 +46,7 @@ from sqlalchemy.pool import NullPool
 import sqlaq
 import sqlaq.migrations
 from sqlaq.schema import (
+    DEPS_TRIGGER,
     FINISH_FUNCTION,
     FINISH_TRIGGER,
     NOTIFY_TRIGGER,
@@ -104,6 +105,16 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_type", "_sqlaq_workers"),
         ("pg_type", "sqlaq_unique_holds"),
         ("pg_type", "_sqlaq_unique_holds"),
+        ("pg_class", "sqlaq_jobs_waiting_idx"),
+        ("pg_class", "sqlaq_job_deps"),
+        ("pg_class", "sqlaq_job_deps_pkey"),
+        ("pg_class", "sqlaq_job_deps_child_id_idx"),
+        ("pg_constraint", "sqlaq_job_deps_pkey"),
+        ("pg_constraint", "sqlaq_jobs_on_parent_failure_check"),
+        ("pg_proc", "sqlaq_jobs_settle_children"),
+        ("pg_trigger", "sqlaq_jobs_deps_trg"),
+        ("pg_type", "sqlaq_job_deps"),
+        ("pg_type", "_sqlaq_job_deps"),
     }
 )
 # NOT NULL constraints are left out (contype 'n'): PostgreSQL 18 lists them in
@@ -151,6 +162,10 @@ EXPECTED_INDEXES = {
     "sqlaq_jobs_running_idx": (
         "CREATE INDEX sqlaq_jobs_running_idx ON public.sqlaq_jobs USING btree "
         "(kind, run_at) WHERE (status = 'running'::text)"
+    ),
+    "sqlaq_jobs_waiting_idx": (
+        "CREATE INDEX sqlaq_jobs_waiting_idx ON public.sqlaq_jobs USING btree (id) "
+        "WHERE ((status = 'queued'::text) AND (parent_ids IS NOT NULL))"
     ),
     "sqlaq_jobs_pkey": "CREATE UNIQUE INDEX sqlaq_jobs_pkey ON public.sqlaq_jobs USING btree (id)",
 }
@@ -355,7 +370,7 @@ def _trigger(engine: Engine, name: str) -> Any:
         ).one()
 
 
-def test_sqlaq_jobs_has_exactly_the_two_triggers_of_the_revisions(migrated: Engine) -> None:
+def test_sqlaq_jobs_has_exactly_the_triggers_of_the_revisions(migrated: Engine) -> None:
     with migrated.connect() as conn:
         names = conn.execute(
             text(
@@ -363,7 +378,7 @@ def test_sqlaq_jobs_has_exactly_the_two_triggers_of_the_revisions(migrated: Engi
                 "AND NOT tgisinternal ORDER BY tgname"
             )
         ).scalars()
-        assert list(names) == [FINISH_TRIGGER, NOTIFY_TRIGGER]
+        assert list(names) == [DEPS_TRIGGER, FINISH_TRIGGER, NOTIFY_TRIGGER]
 
 
 def test_notify_trigger_runs_after_insert_once_per_statement(migrated: Engine) -> None:
@@ -581,7 +596,11 @@ def test_operators_revision_rewrites_nothing_and_walks_back_to_0003(fresh_url: s
         sqlaq.migrations.upgrade(conn, "sqlaq_0004")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0004"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | OPERATOR_OBJECTS == SQLAQ_OBJECTS - DEBOUNCE_OBJECTS
+        assert (
+            _objects(conn)
+            == before | OPERATOR_OBJECTS
+            == (SQLAQ_OBJECTS - DEBOUNCE_OBJECTS - WORKFLOW_OBJECTS)
+        )
         assert _columns(conn) == [*columns_before, "headers"]
         headers = conn.execute(text("SELECT DISTINCT headers FROM sqlaq_jobs")).all()
         assert [tuple(row) for row in headers] == [(None,)]
@@ -623,10 +642,10 @@ def test_debounce_revision_rewrites_nothing_and_walks_back_to_0004(fresh_url: st
         file_before = conn.execute(relfilenode).scalar_one()
         conn.commit()
 
-        sqlaq.migrations.upgrade(conn)
-        assert sqlaq.migrations.check(conn, deep=True) == "sqlaq_0005"
+        sqlaq.migrations.upgrade(conn, "sqlaq_0005")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0005"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | DEBOUNCE_OBJECTS == SQLAQ_OBJECTS
+        assert _objects(conn) == before | DEBOUNCE_OBJECTS == SQLAQ_OBJECTS - WORKFLOW_OBJECTS
         assert _columns(conn) == [*columns_before, "debounce_key", "timeout"]
         added = conn.execute(text("SELECT DISTINCT debounce_key, timeout FROM sqlaq_jobs")).all()
         assert [tuple(row) for row in added] == [(None, None)]
@@ -1017,6 +1036,62 @@ def test_os_path_separator_loses_the_sqlaq_branch(wheel_site: Path, tmp_path: Pa
     broken = _alembic(host, wheel_site, "heads", ok=False)
     assert broken.returncode != 0
     assert f"KeyError: '{FIRST_REVISION}'" in broken.stderr
+
+
+#: What sqlaq_0006 adds to sqlaq_0005's objects: the edges table, the waiting index, the
+#: failure policy's CHECK, and the trigger that settles a finished parent's children.
+WORKFLOW_OBJECTS = frozenset(
+    {
+        ("pg_class", "sqlaq_jobs_waiting_idx"),
+        ("pg_class", "sqlaq_job_deps"),
+        ("pg_class", "sqlaq_job_deps_pkey"),
+        ("pg_class", "sqlaq_job_deps_child_id_idx"),
+        ("pg_constraint", "sqlaq_job_deps_pkey"),
+        ("pg_constraint", "sqlaq_jobs_on_parent_failure_check"),
+        ("pg_proc", "sqlaq_jobs_settle_children"),
+        ("pg_trigger", "sqlaq_jobs_deps_trg"),
+        ("pg_type", "sqlaq_job_deps"),
+        ("pg_type", "_sqlaq_job_deps"),
+    }
+)
+
+
+def test_workflow_revision_rewrites_nothing_and_walks_back_to_0005(fresh_url: str) -> None:
+    """sqlaq_0006 on a table with rows keeps its file (the new columns are nullable or
+    have a constant default), adds the workflow objects, and a downgrade to sqlaq_0005
+    removes exactly what it added."""
+    relfilenode = text("SELECT relfilenode FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
+    with _connect(fresh_url) as conn:
+        sqlaq.migrations.upgrade(conn, "sqlaq_0005")
+        conn.execute(text("INSERT INTO sqlaq_jobs (kind) SELECT 'k' FROM generate_series(1, 100)"))
+        conn.commit()
+        before = _objects(conn)
+        columns_before = _columns(conn)
+        file_before = conn.execute(relfilenode).scalar_one()
+        conn.commit()
+
+        sqlaq.migrations.upgrade(conn)
+        assert sqlaq.migrations.check(conn, deep=True) == "sqlaq_0006"
+        assert conn.execute(relfilenode).scalar_one() == file_before
+        assert _objects(conn) == before | WORKFLOW_OBJECTS == SQLAQ_OBJECTS
+        assert _columns(conn) == [
+            *columns_before,
+            "has_dependents",
+            "on_parent_failure",
+            "parent_ids",
+        ]
+        added = conn.execute(
+            text("SELECT DISTINCT has_dependents, on_parent_failure, parent_ids FROM sqlaq_jobs")
+        ).all()
+        assert [tuple(row) for row in added] == [(False, None, None)]
+        conn.commit()
+
+        sqlaq.migrations.downgrade(conn, "sqlaq_0005")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0005"
+        assert _objects(conn) == before
+        assert _columns(conn) == columns_before
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
+        conn.commit()
 
 
 # -- downgrading one branch of a host's project ---------------------------------------------

@@ -254,6 +254,17 @@ CALLS: dict[str, list[Any]] = {
         {"job_id": 7, "name": "last_error"},
     ],
     "travel_stmts": [{"by": timedelta(hours=1)}],
+    # workflows
+    "mark_parents_stmt": [{"job_ids": [7, 8]}],
+    "link_stmt": [{"parent_ids": [7, 8], "child_ids": [9, 9]}],
+    "hold_stmt": [{"parent_ids": [7, 8], "child_ids": [9, 9], "on_parent_failure": "cancel"}],
+    "end_children_stmt": [
+        {"job_ids": [9], "status": JobStatus.CANCELLED, "error": "parent job 7 failed"}
+    ],
+    "release_stmt": [{"job_ids": [9, 10]}],
+    "release_waiting_stmt": [{"limit": 1000}],
+    "waiting_for_stmt": [{"job_id": 9}],
+    "parent_results_stmt": [{"job_id": 9}],
 }
 
 #: Constant column lists and values of the module, pinned beside the builders.
