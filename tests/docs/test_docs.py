@@ -864,6 +864,28 @@ def dashboard_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
         )
 
 
+@prelude("workflows", pages=["docs/how-to/workflows.md"])
+def workflows_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
+    """``conn`` on the test database (rolled back after) and a fresh ``registry``; then
+    the workflow the sample enqueued is drained: every job ends ``done``, each after
+    all of its parents, and a chord's callback sums its parents' results."""
+    registry = sqlaq.Registry()
+    yield {**_jobs_module(registry=registry, Session=Session), "conn": clean_conn}
+
+    order = [job.id for job in drain(clean_conn, registry)]
+    rows = clean_conn.execute(
+        text("SELECT id, kind, status, parent_ids, result FROM sqlaq_jobs ORDER BY id")
+    ).all()
+    assert rows, "the sample enqueued nothing"
+    position = {job_id: i for i, job_id in enumerate(order)}  # empty: the sample drained
+    for row in rows:
+        assert row.status == "done", row
+        for parent in (row.parent_ids or []) if order else []:
+            assert position[parent] < position[row.id], (parent, row)
+        if row.kind == "total_words":
+            assert row.result == 6
+
+
 def _imported_names(code: str) -> tuple[list[str], list[str]]:
     """The dotted names *code* takes from the modules it imports: (found, missing)."""
     tree = ast.parse(code)
