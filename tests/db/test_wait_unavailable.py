@@ -27,11 +27,13 @@ pytestmark = pytest.mark.timeout(60)
 def one_connection_role(committed: Engine, database_url: str) -> Iterator[str]:
     """The URL of a role that may hold one connection at a time; dropped after."""
     role = f"sqlaq_one_{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex  # servers with password authentication (nox -s matrix)
     with committed.begin() as conn:
-        conn.execute(text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1"))
+        conn.execute(text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1 PASSWORD '{password}'"))
         conn.execute(text(f"GRANT SELECT, UPDATE ON sqlaq_jobs TO {role}"))
     try:
-        yield make_url(database_url).set(username=role, password=None).render_as_string(False)
+        url = make_url(database_url).set(username=role, password=password)
+        yield url.render_as_string(hide_password=False)
     finally:
         with committed.begin() as conn:
             conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
