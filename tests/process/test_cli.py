@@ -19,6 +19,12 @@ The first SIGTERM/SIGINT stops gracefully, the second hands running jobs back at
 the third exits at once. A signal handler only writes to a pipe: one that called
 ``Worker.stop()`` itself deadlocked when a second signal arrived while the first
 handler held an event's lock, and then nothing but SIGKILL ended the process.
+
+What the worker command does with the database it is given: async URLs, the role's
+privileges. Each ends in one line, never a traceback. Before: an async app's
+``DATABASE_URL`` (``postgresql+asyncpg://``) printed a 64-line MissingGreenlet
+traceback; a role with SELECT and INSERT only passed the start-up check and died at its
+first claim.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 import docsamples
 import pytest
 from cmdkit import assert_one_line, run_process
+from helpers import login_role
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
@@ -817,3 +824,97 @@ def _waiting_for_a_lock(engine: Engine) -> bool:
             name=WORKER_APPLICATION_NAME,
         )
     )
+
+
+# -- the database given: async URLs -----------------------------------------------------
+
+
+def _with_driver(url: str, driver: str) -> str:
+    return make_url(url).set(drivername=driver).render_as_string(hide_password=False)
+
+
+@pytest.mark.parametrize("driver", ["postgresql+asyncpg", "postgresql+psycopg_async"])
+def test_async_urls_run_on_psycopg_with_a_notice(
+    committed: Engine, database_url: str, driver: str
+) -> None:
+    url = _with_driver(database_url, driver)
+    with committed.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "noop").job_id
+
+    worker = run_process("cli", "worker_app:registry", "--burst", DATABASE_URL=url)
+    assert worker.returncode == 0, worker.stderr
+    assert "Traceback" not in worker.stderr
+    assert f"{driver} is an async driver" in worker.stderr
+    assert count_status(committed, "done") == 1
+
+    shown = run_process("admin", "show", str(job_id), "--json", SQLAQ_DATABASE_URL=url)
+    assert shown.returncode == 0, shown.stderr
+    assert f'"id": {job_id}' in shown.stdout
+    assert shown.stderr.splitlines() == [
+        f"sqlaq: notice: {driver} is an async driver; this command is synchronous and "
+        "uses postgresql+psycopg (psycopg) on the same URL"
+    ]
+
+
+# -- privileges ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def role(engine: Engine, database_url: str) -> Iterator[tuple[str, str]]:
+    """A LOGIN role of the test's own (roles are cluster-wide: a unique name) and the
+    suite's database URL as that role; dropped after the test, whatever happened."""
+    with login_role(database_url, "sqlaq_test_role", grant_all=False) as made:
+        yield made
+
+
+def _grant(engine: Engine, role: str, grants: dict[str, str]) -> None:
+    with engine.begin() as conn:
+        for table, privileges in grants.items():
+            conn.execute(text(f'GRANT {privileges} ON {table} TO "{role}"'))
+
+
+def test_a_role_without_update_or_delete_is_refused_at_start_naming_what_is_missing(
+    committed: Engine, role: tuple[str, str]
+) -> None:
+    name, url = role
+    _grant(
+        committed,
+        name,
+        {"sqlaq_jobs": "SELECT, INSERT", "sqlaq_rates": "SELECT", "sqlaq_periodic": "SELECT"},
+    )
+    with committed.begin() as conn:
+        sqlaq.enqueue(conn, "noop")
+    result = run_process("cli", "worker_app:registry", SQLAQ_DATABASE_URL=url)
+    assert_one_line(
+        result,
+        "sqlaq-worker: error: ",
+        "lacks privileges the worker needs",
+        "UPDATE, DELETE on sqlaq_jobs",
+        "INSERT, UPDATE on sqlaq_rates",
+        "INSERT, UPDATE on sqlaq_periodic",
+        "GRANT UPDATE, DELETE ON sqlaq_jobs TO <role>",
+    )
+    assert count_status(committed, "queued") == 1  # nothing was claimed
+
+
+def test_a_role_with_the_privileges_the_worker_needs_runs_it(
+    committed: Engine, role: tuple[str, str]
+) -> None:
+    name, url = role
+    _grant(
+        committed,
+        name,
+        {
+            "sqlaq_jobs": "SELECT, INSERT, UPDATE, DELETE",
+            "sqlaq_rates": "SELECT, INSERT, UPDATE",
+            "sqlaq_periodic": "SELECT, INSERT, UPDATE",
+            "sqlaq_paused_queues": "SELECT",
+            "sqlaq_workers": "SELECT, INSERT, UPDATE, DELETE",
+            "sqlaq_unique_holds": "SELECT, INSERT, UPDATE, DELETE",
+        },
+    )
+    with committed.begin() as conn:
+        sqlaq.enqueue(conn, "noop")
+    result = run_process("cli", "worker_app:registry", "--burst", SQLAQ_DATABASE_URL=url)
+    assert result.returncode == 0, result.stderr
+    assert count_status(committed, "done") == 1
