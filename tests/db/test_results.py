@@ -2,12 +2,20 @@
 read back by ``sqlaq.result`` and ``sqlaq show``, pruned with its job; ``sqlaq.wait``
 woken by the finish trigger's NOTIFY (only for awaited jobs), with a poll fallback, a
 clean timeout and no connection left behind.
+
+``sqlaq.asyncio.wait``: the same waiting (sqlaq.results.waiting) with async I/O, on both
+async drivers: woken by the finish notification without blocking the event loop, at once
+for a finished job, on time at its timeout, through a lost listening connection, and
+closing what it opened. Both waits when the database refuses connections for a while
+("too many connections for role"): each read is retried, not raised.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import logging
 import threading
 import time
 import uuid
@@ -17,12 +25,18 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.pool import NullPool
 from workerkit import libpq_url, wait_until
 
 import sqlaq
+import sqlaq.asyncio as aq
 from sqlaq import admin, queries, results
 from sqlaq.results import JobOutcome, complete_with_result, encode_result
+
+pytestmark = pytest.mark.timeout(120)
 
 #: Long enough that a test which returns sooner was not served by a poll.
 POLL = timedelta(seconds=20)
@@ -468,3 +482,246 @@ def test_wait_refuses_what_has_no_engine_and_ids_that_are_not_ints(committed: En
         sqlaq.wait("postgresql://", 1, timeout=1)  # type: ignore[arg-type]
     with pytest.raises(sqlaq.ConfigError, match="a job id must be an int"):
         sqlaq.wait(committed, "1", timeout=1)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def async_listening(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Set when a wait starts listening for the job's notification (a spy on sqlaq's
+    own code; the database untouched)."""
+    event = asyncio.Event()
+    original = aq._FinishListener.wait_for
+
+    async def spy(self: aq._FinishListener, job_id: int, seconds: float) -> bool:
+        event.set()
+        return await original(self, job_id, seconds)
+
+    monkeypatch.setattr(aq._FinishListener, "wait_for", spy)
+    return event
+
+
+def _awaited_committed(engine: Engine, job_id: int) -> bool:
+    with engine.connect() as conn:
+        sql = "SELECT awaited FROM sqlaq_jobs WHERE id = :id"
+        return bool(conn.execute(text(sql), {"id": job_id}).scalar_one())
+
+
+@pytest.mark.asyncio
+async def test_wait_is_woken_by_the_finish_while_the_loop_runs_on(
+    committed: Engine, async_engine: AsyncEngine, async_listening: asyncio.Event
+) -> None:
+    with committed.begin() as conn:
+        job = _enqueue_and_claim(conn)
+    waiting = asyncio.ensure_future(aq.wait(async_engine, job.id, timeout=60, poll_interval=POLL))
+    # This coroutine runs while the wait waits: a wait that blocked the loop would
+    # return only at its timeout, and this test would time out first.
+    await asyncio.wait_for(async_listening.wait(), 10)
+    assert not waiting.done()
+    assert _awaited_committed(committed, job.id)
+
+    def finish() -> None:
+        with committed.begin() as conn:
+            complete_with_result(conn, job.lease, encode_result({"rows": 7}) or "")
+
+    await asyncio.to_thread(finish)
+    finished_at = asyncio.get_running_loop().time()
+    outcome = await asyncio.wait_for(waiting, 30)
+    # Woken by the notification, not by the poll 20 s later.
+    assert asyncio.get_running_loop().time() - finished_at < 2.0
+    assert (outcome.status, outcome.result) == ("done", {"rows": 7})
+    _no_wait_backend_left(committed)
+
+
+@pytest.mark.asyncio
+async def test_wait_on_a_finished_job_returns_at_once_given_a_connection_or_session(
+    committed: Engine, async_engine: AsyncEngine
+) -> None:
+    with committed.begin() as conn:
+        job = _enqueue_and_claim(conn)
+        complete_with_result(conn, job.lease, '"ready"')
+    async with async_engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))  # a transaction of the caller's, left alone
+        outcome = await aq.wait(conn, job.id, timeout=timedelta(seconds=30), poll_interval=POLL)
+        assert conn.in_transaction()
+    assert (outcome.status, outcome.result) == ("done", "ready")
+    async with AsyncSession(async_engine) as session:
+        again = await aq.wait(session, job.id, timeout=5, poll_interval=POLL)
+    assert again == outcome
+    assert not _awaited_committed(committed, job.id)  # finished already: nothing written
+    _no_wait_backend_left(committed)
+
+
+@pytest.mark.asyncio
+async def test_wait_times_out_with_the_job_as_last_read(
+    committed: Engine, async_engine: AsyncEngine
+) -> None:
+    with committed.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "report").job_id
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(sqlaq.WaitTimeoutError) as raised:
+        await aq.wait(async_engine, job_id, timeout=0.5, poll_interval=0.2)
+    assert 0.5 <= loop.time() - started < 5
+    assert isinstance(raised.value, TimeoutError)
+    assert raised.value.outcome.status == "queued"
+    assert _awaited_committed(committed, job_id)  # flagged: a later wait is notified all the same
+    _no_wait_backend_left(committed)
+
+
+@pytest.mark.asyncio
+async def test_wait_reads_on_after_losing_its_listening_connection(
+    committed: Engine, async_engine: AsyncEngine, async_listening: asyncio.Event
+) -> None:
+    with committed.begin() as conn:
+        job = _enqueue_and_claim(conn)
+    waiting = asyncio.ensure_future(aq.wait(async_engine, job.id, timeout=60, poll_interval=0.5))
+    await asyncio.wait_for(async_listening.wait(), 10)
+
+    def kill_then_finish() -> None:
+        with committed.begin() as conn:
+            sql = (
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name = :name"
+            )
+            killed = conn.execute(text(sql), {"name": results.APPLICATION_NAME}).scalar_one()
+            assert killed == 1
+        with committed.begin() as conn:
+            complete_with_result(conn, job.lease, "true")
+
+    await asyncio.to_thread(kill_then_finish)
+    outcome = await asyncio.wait_for(waiting, 30)
+    assert (outcome.status, outcome.result) == ("done", True)
+    _no_wait_backend_left(committed)
+
+
+@pytest.mark.asyncio
+async def test_async_wait_on_an_unknown_job_raises_and_closes_its_connection(
+    committed: Engine, async_engine: AsyncEngine
+) -> None:
+    with pytest.raises(sqlaq.JobNotFoundError, match="or is not committed yet"):
+        await aq.wait(async_engine, 987654321, timeout=5)
+    _no_wait_backend_left(committed)
+
+
+@pytest.mark.parametrize(
+    ("target", "job_id", "kw", "error", "message"),
+    [
+        ("engine", 1, {"timeout": -1}, sqlaq.InvalidJobError, "timeout must be zero or more"),
+        ("engine", 1, {"timeout": 1, "poll_interval": 0}, sqlaq.InvalidJobError, "more than zero"),
+        ("engine", "1", {"timeout": 1}, sqlaq.ConfigError, "a job id must be an int"),
+        (
+            "sync",
+            1,
+            {"timeout": 1},
+            sqlaq.ConfigError,
+            r"^sqlaq\.asyncio\.wait\(\) was given an Engine: use sqlaq\.wait \(not awaited\)$",
+        ),
+    ],
+)
+@pytest.mark.asyncio
+async def test_wait_refuses_bad_input_before_connecting(
+    committed: Engine,
+    async_engine: AsyncEngine,
+    target: str,
+    job_id: Any,
+    kw: dict[str, Any],
+    error: type[Exception],
+    message: str,
+) -> None:
+    given: Any = async_engine if target == "engine" else committed
+    with pytest.raises(error, match=message):
+        await aq.wait(given, job_id, **kw)
+    assert _wait_backends(committed) == 0
+
+
+@pytest.mark.asyncio
+async def test_the_sync_wait_given_async_objects_names_the_async_wait(
+    async_engine: AsyncEngine,
+) -> None:
+    async with async_engine.connect() as conn:
+        for given, kind in ((async_engine, "AsyncEngine"), (conn, "AsyncConnection")):
+            with pytest.raises(sqlaq.ConfigError) as refused:
+                sqlaq.wait(given, 1, timeout=1)  # type: ignore[arg-type]
+            assert str(refused.value) == (
+                f"sqlaq.wait() was given an {kind}: use sqlaq.asyncio.wait (awaited)"
+            )
+        assert not conn.in_transaction()  # nothing ran
+
+
+@pytest.fixture
+def one_connection_role(committed: Engine, database_url: str) -> Iterator[str]:
+    """The URL of a role that may hold one connection at a time; dropped after."""
+    role = f"sqlaq_one_{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex  # servers with password authentication (nox -s matrix)
+    with committed.begin() as conn:
+        conn.execute(text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1 PASSWORD '{password}'"))
+        conn.execute(text(f"GRANT SELECT, UPDATE ON sqlaq_jobs TO {role}"))
+    try:
+        url = make_url(database_url).set(username=role, password=password)
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with committed.begin() as conn:
+            conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              f"WHERE usename = '{role}'"))  # fmt: skip
+            conn.execute(text(f"DROP OWNED BY {role}"))
+            conn.execute(text(f"DROP ROLE {role}"))
+
+
+def finished_job(engine: Engine) -> int:
+    with engine.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "noop").job_id
+        conn.execute(
+            text("UPDATE sqlaq_jobs SET status = 'done', finished_at = now() WHERE id = :id"),
+            {"id": job_id},
+        )
+    return job_id
+
+
+def test_wait_retries_a_read_refused_for_too_many_connections(
+    committed: Engine, one_connection_role: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id = finished_job(committed)
+    engine = create_engine(one_connection_role, poolclass=NullPool)
+    got: list[Any] = []
+    with caplog.at_level(logging.WARNING, "sqlaq"):
+        holder = engine.connect()  # the role's only connection
+        try:
+            thread = threading.Thread(
+                target=lambda: got.append(sqlaq.wait(engine, job_id, timeout=30))
+            )
+            thread.start()
+            wait_until(lambda: "reading again" in caplog.text, 20, "a retried read")
+        finally:
+            holder.close()
+        thread.join(30)
+    engine.dispose()
+    assert got
+    assert got[0].status == sqlaq.JobStatus.DONE
+    assert "too many connections for role" in caplog.text
+
+
+def test_async_wait_retries_a_read_refused_for_too_many_connections(
+    committed: Engine, one_connection_role: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id = finished_job(committed)
+    sync = create_engine(one_connection_role, poolclass=NullPool)
+    url = make_url(one_connection_role).set(drivername="postgresql+asyncpg")
+
+    async def app() -> Any:
+        engine = create_async_engine(url, poolclass=NullPool)
+        holder = sync.connect()
+        try:
+            task = asyncio.create_task(aq.wait(engine, job_id, timeout=30))
+            await asyncio.to_thread(
+                wait_until, lambda: "reading again" in caplog.text, 20, "a retried read"
+            )
+        finally:
+            holder.close()
+        try:
+            return await task
+        finally:
+            await engine.dispose()
+
+    with caplog.at_level(logging.WARNING, "sqlaq"):
+        outcome = asyncio.run(app())
+    sync.dispose()
+    assert outcome.status == sqlaq.JobStatus.DONE

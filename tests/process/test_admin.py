@@ -1,4 +1,11 @@
-"""The operator command ``sqlaq``: each subcommand against a real database."""
+"""The operator command ``sqlaq``: each subcommand against a real database.
+
+On a schema older than this sqlaq, it says to migrate in one line (before: ``sqlaq list``
+on a schema one revision behind said "column attempted_at does not exist" with no hint
+of the fix). ``sqlaq enqueue`` with --timeout, --unique-for,
+--debounce-key/--debounce/--max-wait: what each enqueue did is said on its line; bad
+input is one line, exit 2.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +15,15 @@ import subprocess
 import sys
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from cmdkit import one_line_error, sqlaq_cmd
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
 
 import sqlaq
-from sqlaq import NewJob, admin
+from sqlaq import NewJob, admin, migrations
 
 
 @pytest.fixture
@@ -279,3 +288,89 @@ def test_progress_bar_is_drawn_on_a_terminal_only() -> None:
     quiet.show(1000)
     quiet.end()
     assert piped.getvalue() == ""
+
+
+# -- a schema behind this sqlaq --------------------------------------------------------
+
+
+def _sqlaq(url: str, *argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return admin.run([argv[0], "--database-url", url, *argv[1:]], {}, out=out), out.getvalue()
+
+
+def test_admin_on_a_schema_behind_this_sqlaq_says_to_migrate(
+    empty_database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = create_engine(empty_database_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            migrations.upgrade(conn, "sqlaq_0001")
+        for argv in (["list"], ["show", "1"], ["list", "--status", "failed", "--json"]):
+            code, _ = _sqlaq(empty_database_url, *argv)
+            err: Any = capsys.readouterr().err
+            assert (code, err.count("\n")) == (2, 1), err
+            assert "Traceback" not in err
+            assert f"database is at sqlaq_0001, this sqlaq needs {migrations.HEAD}" in err, err
+            assert "'sqlaq migrate'" in err
+        code, _ = _sqlaq(empty_database_url, "migrate")
+        assert code == 0
+        assert _sqlaq(empty_database_url, "list") == (0, "(none)\n")
+    finally:
+        engine.dispose()
+
+
+# -- enqueue's keys and durations -------------------------------------------------------
+
+
+def test_enqueue_with_a_timeout_and_unique_for(database_url: str, committed: Engine) -> None:
+    argv = ["enqueue", "report", "--dedupe-key", "day-1", "--unique-for", "1h"]
+    code, out = sqlaq_cmd(database_url, *argv, "--timeout", "90s")
+    assert code == 0
+    job_id = int(out.split()[1])
+    with committed.begin() as conn:
+        conn.execute(text("UPDATE sqlaq_jobs SET status = 'done', finished_at = now()"))
+    code, out = sqlaq_cmd(database_url, *argv)
+    assert (code, out) == (0, f"job {job_id} (held: enqueued within --unique-for)\n")
+    with committed.connect() as conn:
+        assert conn.execute(text("SELECT timeout FROM sqlaq_jobs")).scalar_one() == timedelta(
+            seconds=90
+        )
+
+
+def test_enqueue_debounced(database_url: str, committed: Engine) -> None:
+    argv = ["enqueue", "digest", "--debounce-key", "user-7", "--debounce", "10m"]
+    code, out = sqlaq_cmd(database_url, *argv, "--payload", '{"n": 1}', "--max-wait", "1h")
+    assert code == 0
+    job_id = int(out.split()[1])
+    code, out = sqlaq_cmd(database_url, *argv, "--payload", '{"n": 2}')
+    assert (code, out) == (0, f"job {job_id} (debounced: the queued job was updated)\n")
+    with committed.connect() as conn:
+        row = conn.execute(
+            text("SELECT payload, run_at - now() > '9 minutes' AS later FROM sqlaq_jobs")
+        ).one()
+    assert (row.payload, row.later) == ({"n": 2}, True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--timeout", "0"], "--timeout must be at least 0.001s"),
+        (["--timeout", "36526d"], "--timeout must be at most 100 years"),
+        (["--unique-for", "1h"], "unique_for needs a dedupe_key"),
+        (["--unique-for", "soon", "--dedupe-key", "k"], "--unique-for: invalid duration"),
+        (["--debounce", "1m"], "debounce needs a debounce_key"),
+        (["--debounce-key", "k"], "go with debounce=timedelta"),
+        (["--debounce-key", "k", "--debounce", "1h", "--max-wait", "1m"], "must be at least"),
+        (["--debounce-key", "k", "--debounce", "1h", "--dedupe-key", "k"], "does not go with"),
+        (["--debounce-key", "\x00", "--debounce", "1h"], "--debounce-key"),
+    ],
+)
+def test_bad_keys_and_durations_are_one_line_exit_2(
+    database_url: str, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, _ = sqlaq_cmd(database_url, "enqueue", "k", *argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1, err
+    assert err.startswith("sqlaq: ")
+    assert message in err

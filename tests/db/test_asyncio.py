@@ -1,17 +1,29 @@
 """sqlaq.asyncio: every operation awaited on an AsyncConnection and an AsyncSession, on
 both of SQLAlchemy's async PostgreSQL drivers (psycopg's async connection and asyncpg),
-against the real database.
+against the real database; debounce, unique_for and the per-job timeout through it (the
+same plans as the sync API: the arguments flow through).
 
 Each case runs in a transaction rolled back at its end, on an emptied queue; the cases
 about commit and notifications clean up through the ``committed`` fixture.
+
+One implementation for sync and async: every operation is a plan, run by two drivers.
+These tests fail when a sync operation has no async twin (or the reverse), when a twin's
+signature drifts from its original, or when logic is written in sqlaq/asyncio.py (or a
+connection is used directly in sqlaq/ops/) instead of in the one plan both share.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
+import pkgutil
+import re
 import uuid
 from asyncio import current_task
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import docsamples
@@ -21,6 +33,7 @@ import pytest_asyncio
 from sqlalchemy import (
     BigInteger,
     Column,
+    Connection,
     Engine,
     ForeignKey,
     Integer,
@@ -30,6 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
     AsyncEngine,
     AsyncSession,
     async_scoped_session,
@@ -40,11 +54,11 @@ from workerkit import libpq_url
 
 import sqlaq
 import sqlaq.asyncio as aq
-from sqlaq import ConfigError, JobStatus, LeaseLostError, NewJob, Rate
+from sqlaq import ConfigError, EnqueueOutcome, JobStatus, LeaseLostError, NewJob, Rate, drive
 from sqlaq.cron import CronSchedule
 from sqlaq.periodic import Periodic
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(120)
 
 LEASE = timedelta(seconds=30)
 AsyncExecutor = Any  # AsyncConnection | AsyncSession, as the fixture gives it
@@ -91,6 +105,7 @@ async def expire(conn: AsyncExecutor, job_id: int) -> None:
 # -- enqueue ---------------------------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_enqueue_writes_the_job_and_dedupes_keeping_the_transaction(
     aconn: AsyncExecutor,
 ) -> None:
@@ -110,6 +125,7 @@ async def test_enqueue_writes_the_job_and_dedupes_keeping_the_transaction(
     assert late == timedelta(minutes=5)
 
 
+@pytest.mark.asyncio
 async def test_enqueue_many_in_input_order_with_duplicates(aconn: AsyncExecutor) -> None:
     held = (await aq.enqueue(aconn, "b", dedupe_key="held")).job_id
     batch = [NewJob("b", {"i": 0}), NewJob("b", dedupe_key="held"), NewJob("b", dedupe_key="new")]
@@ -121,6 +137,7 @@ async def test_enqueue_many_in_input_order_with_duplicates(aconn: AsyncExecutor)
     assert await scalar(aconn, "SELECT count(*) FROM sqlaq_jobs") == 3
 
 
+@pytest.mark.asyncio
 async def test_enqueue_many_takes_a_job_batch(aconn: AsyncExecutor) -> None:
     batch = NewJob("jb", queue="q").with_payloads([{"i": i} for i in range(4)])
     results = await aq.enqueue_many(aconn, batch)
@@ -133,6 +150,7 @@ async def test_enqueue_many_takes_a_job_batch(aconn: AsyncExecutor) -> None:
     assert rows == [["q", {"i": i}] for i in range(4)]
 
 
+@pytest.mark.asyncio
 async def test_enqueue_copy_writes_inside_the_callers_transaction(
     async_engine: AsyncEngine,
 ) -> None:
@@ -153,6 +171,7 @@ async def test_enqueue_copy_writes_inside_the_callers_transaction(
         assert await scalar(conn, "SELECT count(*) FROM sqlaq_jobs") == 1
 
 
+@pytest.mark.asyncio
 async def test_bad_input_is_refused_before_any_sql(aconn: AsyncExecutor) -> None:
     with pytest.raises(sqlaq.InvalidJobError, match="lone surrogate"):
         await aq.enqueue(aconn, "k", {"x": "\ud800"})
@@ -164,6 +183,7 @@ async def test_bad_input_is_refused_before_any_sql(aconn: AsyncExecutor) -> None
 # -- the lifecycle -----------------------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_claim_complete_fail_extend_on_held_leases(aconn: AsyncExecutor) -> None:
     ids = [(await aq.enqueue(aconn, "k", {"i": i}, priority=-i)).job_id for i in range(4)]
     claimed = await aq.claim(aconn, worker_id=uuid.uuid4(), limit=4, lease=LEASE)
@@ -178,6 +198,7 @@ async def test_claim_complete_fail_extend_on_held_leases(aconn: AsyncExecutor) -
     assert [statuses[i] for i in ids] == ["done", "done", "queued", "failed"]
 
 
+@pytest.mark.asyncio
 async def test_extend_lease_still_takes_its_old_keyword_with_a_warning(
     aconn: AsyncExecutor,
 ) -> None:
@@ -189,6 +210,7 @@ async def test_extend_lease_still_takes_its_old_keyword_with_a_warning(
     assert renewed.expires_at == await scalar(aconn, "SELECT now() + interval '2 hours'")
 
 
+@pytest.mark.asyncio
 async def test_a_narrowed_claim_takes_only_matching_jobs(aconn: AsyncExecutor) -> None:
     await aq.enqueue(aconn, "k", {"region": "us"}, priority=5)
     eu = (await aq.enqueue(aconn, "k", {"region": "eu"})).job_id
@@ -196,6 +218,7 @@ async def test_a_narrowed_claim_takes_only_matching_jobs(aconn: AsyncExecutor) -
     assert [j.id for j in await aq.claim(aconn, worker_id=uuid.uuid4(), where=where)] == [eu]
 
 
+@pytest.mark.asyncio
 async def test_fenced_operations_with_a_stale_lease_change_nothing(aconn: AsyncExecutor) -> None:
     job_id = (await aq.enqueue(aconn, "k")).job_id
     stale = await claim_one(aconn)
@@ -220,6 +243,7 @@ async def test_fenced_operations_with_a_stale_lease_change_nothing(aconn: AsyncE
     assert await aq.complete(aconn, fresh.lease) == [job_id]
 
 
+@pytest.mark.asyncio
 async def test_snooze_handback_retry_cancel(aconn: AsyncExecutor) -> None:
     ids = [(await aq.enqueue(aconn, "k", priority=-i)).job_id for i in range(3)]
     claimed = await aq.claim(aconn, worker_id=uuid.uuid4(), limit=3, lease=LEASE)
@@ -234,6 +258,7 @@ async def test_snooze_handback_retry_cancel(aconn: AsyncExecutor) -> None:
     assert [statuses[i] for i in ids] == ["queued", "queued", "cancelled"]
 
 
+@pytest.mark.asyncio
 async def test_claim_limited_within_its_limits(aconn: AsyncExecutor) -> None:
     for _ in range(3):
         await aq.enqueue(aconn, "api")
@@ -246,6 +271,7 @@ async def test_claim_limited_within_its_limits(aconn: AsyncExecutor) -> None:
     assert (again.jobs, again.full) == ([], True)
 
 
+@pytest.mark.asyncio
 async def test_claim_limited_refuses_autocommit(async_engine: AsyncEngine) -> None:
     async with async_engine.connect() as conn:
         auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
@@ -253,6 +279,7 @@ async def test_claim_limited_refuses_autocommit(async_engine: AsyncEngine) -> No
             await aq.claim_limited(auto, worker_id=uuid.uuid4(), kind="api")
 
 
+@pytest.mark.asyncio
 async def test_sweep_and_prune(aconn: AsyncExecutor) -> None:
     last = (await aq.enqueue(aconn, "k", max_attempts=1)).job_id
     await claim_one(aconn)
@@ -265,6 +292,7 @@ async def test_sweep_and_prune(aconn: AsyncExecutor) -> None:
     assert await scalar(aconn, "SELECT count(*) FROM sqlaq_jobs") == 0
 
 
+@pytest.mark.asyncio
 async def test_enqueue_periodic_and_notify_queues(aconn: AsyncExecutor) -> None:
     hourly = Periodic.build(CronSchedule.parse("@hourly"), kind="tick")
     now = await scalar(aconn, "SELECT now()")
@@ -274,6 +302,7 @@ async def test_enqueue_periodic_and_notify_queues(aconn: AsyncExecutor) -> None:
     assert await aq.notify_queues(aconn, ["default"]) is None
 
 
+@pytest.mark.asyncio
 async def test_pause_resume_and_the_operators_reads(aconn: AsyncExecutor) -> None:
     await aq.enqueue(aconn, "k", queue="q")
     assert await aq.pause(aconn, "q", by="ops@host") is True
@@ -297,6 +326,7 @@ async def test_pause_resume_and_the_operators_reads(aconn: AsyncExecutor) -> Non
     assert (worker.hostname, worker.pid, worker.queues, worker.concurrency) == ("h", 7, ("q",), 2)
 
 
+@pytest.mark.asyncio
 async def test_explain_result_and_complete_with_result(aconn: AsyncExecutor) -> None:
     job_id = (await aq.enqueue(aconn, "k", queue="q", delay=timedelta(hours=1))).job_id
     codes = [reason.code for reason in await aq.explain(aconn, job_id)]
@@ -311,6 +341,7 @@ async def test_explain_result_and_complete_with_result(aconn: AsyncExecutor) -> 
         await aq.result(aconn, job_id + 1000)
 
 
+@pytest.mark.asyncio
 async def test_travel_moves_the_queues_clock(aconn: AsyncExecutor) -> None:
     job_id = (await aq.enqueue(aconn, "k", delay=timedelta(hours=1))).job_id
     assert await aq.claim(aconn, worker_id=uuid.uuid4()) == []
@@ -318,6 +349,7 @@ async def test_travel_moves_the_queues_clock(aconn: AsyncExecutor) -> None:
     assert [j.id for j in await aq.claim(aconn, worker_id=uuid.uuid4())] == [job_id]
 
 
+@pytest.mark.asyncio
 async def test_the_test_helpers(aconn: AsyncExecutor) -> None:
     await aq.enqueue(aconn, "mail", {"to": "a", "x": 1}, queue="q")
     (found,) = await aq.enqueued_jobs(aconn, "mail", payload={"to": "a"})
@@ -348,6 +380,7 @@ def host_table(committed: Engine) -> Iterator[None]:
         host.drop_all(committed)
 
 
+@pytest.mark.asyncio
 async def test_prune_spares_referenced_jobs(host_table: None, aconn: AsyncExecutor) -> None:
     ids = [r.job_id for r in await aq.enqueue_many(aconn, [NewJob("k")] * 5)]
     await aconn.execute(invoices.insert().values(id=1, job_id=ids[0]))
@@ -359,6 +392,7 @@ async def test_prune_spares_referenced_jobs(host_table: None, aconn: AsyncExecut
     assert [r[0] for r in await rows(aconn, "SELECT id FROM sqlaq_jobs")] == [ids[0]]
 
 
+@pytest.mark.asyncio
 async def test_a_violation_in_the_savepoint_leaves_the_transaction_usable(
     host_table: None, aconn: AsyncExecutor
 ) -> None:
@@ -403,6 +437,7 @@ def notified_until_marker(listener: psycopg.Connection[Any], engine: Engine) -> 
 
 
 @pytest.mark.parametrize("executor", ["connection", "session"])
+@pytest.mark.asyncio
 async def test_rollback_leaves_no_job_and_no_notification(
     async_engine: AsyncEngine,
     committed: Engine,
@@ -431,6 +466,7 @@ async def test_rollback_leaves_no_job_and_no_notification(
 # -- the wrong kind of object ------------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_a_sync_operation_refuses_async_objects_naming_the_twin(
     async_engine: AsyncEngine,
 ) -> None:
@@ -443,6 +479,7 @@ async def test_a_sync_operation_refuses_async_objects_naming_the_twin(
         assert not conn.in_transaction()  # nothing ran
 
 
+@pytest.mark.asyncio
 async def test_an_async_operation_refuses_sync_objects_naming_the_original(
     engine: Engine,
 ) -> None:
@@ -459,6 +496,7 @@ async def test_an_async_operation_refuses_sync_objects_naming_the_original(
         await aq.enqueue(engine, "k")  # type: ignore[arg-type]
 
 
+@pytest.mark.asyncio
 async def test_sync_enqueue_copy_through_run_sync_names_the_async_twin(
     async_engine: AsyncEngine,
 ) -> None:
@@ -468,6 +506,7 @@ async def test_sync_enqueue_copy_through_run_sync_names_the_async_twin(
         await conn.rollback()
 
 
+@pytest.mark.asyncio
 async def test_any_sync_operation_still_runs_through_run_sync(
     aconn: AsyncExecutor,
 ) -> None:
@@ -484,6 +523,7 @@ def documented_block(contains: str) -> tuple[str, str]:
     return block.code, block.path
 
 
+@pytest.mark.asyncio
 async def test_the_documented_async_sample_runs(async_engine: AsyncEngine) -> None:
     namespace: dict[str, Any] = {}
     code, path = documented_block("async def order_placed(")
@@ -502,6 +542,7 @@ async def test_the_documented_async_sample_runs(async_engine: AsyncEngine) -> No
     assert len(await namespace["run_some"](async_engine)) == 5
 
 
+@pytest.mark.asyncio
 async def test_scoped_sessions_go_to_their_own_kind_of_operation(
     async_engine: AsyncEngine, engine: Engine
 ) -> None:
@@ -525,9 +566,384 @@ async def test_scoped_sessions_go_to_their_own_kind_of_operation(
         sync_scoped.remove()
 
 
+HOUR = timedelta(hours=1)
+
+
+@pytest_asyncio.fixture
+async def async_conn(async_engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """An AsyncConnection per driver, in a transaction rolled back after the test."""
+    async with async_engine.connect() as conn:
+        await conn.begin()
+        try:
+            yield conn
+        finally:
+            await conn.rollback()
+
+
+async def _scalar(conn: AsyncConnection, sql: str) -> Any:
+    return (await conn.execute(text(sql))).scalar_one()
+
+
+@pytest.mark.asyncio
+async def test_debounce_unique_for_and_timeout(async_conn: AsyncConnection) -> None:
+    first = await aq.enqueue(async_conn, "digest", {"n": 1}, debounce_key="k", debounce=HOUR)
+    again = await aq.enqueue(
+        async_conn, "digest", {"n": 2}, debounce_key="k", debounce=HOUR, max_wait=2 * HOUR
+    )
+    assert again == sqlaq.EnqueueResult(first.job_id, outcome=EnqueueOutcome.DEBOUNCED)
+    assert await _scalar(async_conn, "SELECT payload FROM sqlaq_jobs") == {"n": 2}
+
+    held = await aq.enqueue(async_conn, "report", dedupe_key="d", unique_for=HOUR, timeout=HOUR)
+    assert held.inserted
+    second = await aq.enqueue(async_conn, "report", dedupe_key="d", unique_for=HOUR)
+    assert second == sqlaq.EnqueueResult(held.job_id, outcome=EnqueueOutcome.HELD)
+    assert await _scalar(async_conn, "SELECT 1") == 1  # the transaction is still usable
+
+    await async_conn.execute(text("UPDATE sqlaq_jobs SET run_at = now()"))
+    claimed = await aq.claim(async_conn, worker_id=uuid.uuid4(), limit=5)
+    assert {j.kind: j.timeout for j in claimed} == {"digest": None, "report": HOUR}
+
+
+PACKAGE = Path(sqlaq.__file__).parent
+
+#: What a parameter's annotation names when the function runs on the caller's database
+#: objects (``Executor`` is ``Connection | Session``).
+SYNC_OBJECTS = {"Connection", "Session", "Engine", "Executor"}
+
+#: Alembic's scripts, run by Alembic (env.py reads Alembic's context at import): no
+#: module of sqlaq's API.
+NOT_MODULES = ("sqlaq.migrations.env", "sqlaq.migrations.versions")
+
+#: Public functions that take a Connection, Session or Engine and have no async twin in
+#: sqlaq.asyncio, each with its reason. Keep it short: a function left out here without
+#: a twin fails test_every_public_function_on_a_connection_has_its_async_twin.
+_ALEMBIC = "Alembic's migrations run on a sync Connection (async apps: run_sync)"
+_DASHBOARD = "the dashboard is a server of its own, on its own sync Engine"
+_CLI = "start-up checks of the sqlaq commands, on the command's sync Engine"
+NO_TWIN: dict[str, str] = {
+    "sqlaq.testing.drain": "its async twin is sqlaq.testing.drain_async",
+    "sqlaq.drive.run": "the sync driver; sqlaq.asyncio holds the async one",
+    "sqlaq.dsn.connection_params": "reads an engine's URL, runs nothing on it",
+    "sqlaq.worker.writer.write_outcomes": "the worker's own writer, on its sync connection",
+    "sqlaq.commandline.check_database": _CLI,
+    **dict.fromkeys(
+        (
+            "sqlaq.worker.startup.start_check",
+            "sqlaq.worker.startup.check_database",
+            "sqlaq.worker.startup.check_listen_url",
+            "sqlaq.worker.startup.schema_mismatch",
+            "sqlaq.worker.transaction.check_connection",
+        ),
+        "the worker's start and schema checks, on the worker's own sync Engine",
+    ),
+    **dict.fromkeys(
+        (
+            "sqlaq.migrations.check",
+            "sqlaq.migrations.current_revision",
+            "sqlaq.migrations.downgrade",
+            "sqlaq.migrations.standalone_config",
+            "sqlaq.migrations.standalone_revision",
+            "sqlaq.migrations.upgrade",
+            "sqlaq.migrations.drift.differences",
+        ),
+        _ALEMBIC,
+    ),
+    **dict.fromkeys(
+        (
+            "sqlaq.dashboard.serve",
+            "sqlaq.dashboard.actions.cancel_job",
+            "sqlaq.dashboard.actions.count_prunable",
+            "sqlaq.dashboard.actions.pause_queue",
+            "sqlaq.dashboard.actions.prune",
+            "sqlaq.dashboard.actions.resume_queue",
+            "sqlaq.dashboard.actions.retry_group",
+            "sqlaq.dashboard.actions.retry_job",
+            "sqlaq.dashboard.reads.failure_groups",
+            "sqlaq.dashboard.reads.job",
+            "sqlaq.dashboard.reads.job_value",
+            "sqlaq.dashboard.reads.jobs_page",
+            "sqlaq.dashboard.reads.overview",
+            "sqlaq.dashboard.reads.schedules",
+            "sqlaq.dashboard.reads.workers",
+        ),
+        _DASHBOARD,
+    ),
+}
+#: What sqlaq/asyncio.py exports that is no twin.
+NOT_TWINS = {"AsyncExecutor", "asynchronous"}
+
+
+def _modules() -> Iterator[Any]:
+    yield sqlaq
+    for info in pkgutil.walk_packages(sqlaq.__path__, "sqlaq."):
+        if info.name != "sqlaq.asyncio" and not info.name.startswith(NOT_MODULES):
+            yield importlib.import_module(info.name)
+
+
+def _runs_on_sync_objects(function: Callable[..., Any]) -> bool:
+    for parameter in inspect.signature(function).parameters.values():
+        annotation = parameter.annotation
+        text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+        if {part.strip().rsplit(".", 1)[-1] for part in text.split("|")} & SYNC_OBJECTS:
+            return True
+    return False
+
+
+def _found() -> dict[str, Callable[..., Any]]:
+    """Every public function (named in its module's ``__all__``) that takes a sync
+    Connection, Session or Engine, by where it is defined."""
+    found: dict[str, Callable[..., Any]] = {}
+    for module in _modules():
+        for name in getattr(module, "__all__", ()):
+            value = getattr(module, name)
+            if inspect.isfunction(value) and _runs_on_sync_objects(value):
+                found.setdefault(f"{value.__module__}.{value.__name__}", value)
+    return found
+
+
+FOUND = _found()
+#: The sync functions that must have a twin, by name.
+SYNC = {where.rsplit(".", 1)[1]: f for where, f in FOUND.items() if where not in NO_TWIN}
+
+
+def test_the_functions_are_found_by_their_signatures() -> None:
+    """The scan finds what it must: the operations, the operators' controls, explain,
+    the results, the test helpers, wait; and every allowed exception still exists."""
+    assert set(SYNC) >= {
+        "enqueue",
+        "claim",
+        "complete",
+        "notify_queues",
+        "enqueue_periodic",
+        "pause",
+        "resume",
+        "paused_queues",
+        "list_workers",
+        "explain",
+        "result",
+        "complete_with_result",
+        "wait",
+        "travel",
+        "enqueued_jobs",
+        "assert_enqueued",
+    }
+    assert set(NO_TWIN) <= set(FOUND), set(NO_TWIN) - set(FOUND)
+    assert len(SYNC) == len({f.__name__ for f in SYNC.values()})  # no two of one name
+
+
+def test_every_public_function_on_a_connection_has_its_async_twin() -> None:
+    missing = sorted(name for name in SYNC if not hasattr(aq, name))
+    assert missing == [], f"no async twin in sqlaq.asyncio for {missing}"
+    assert set(aq.__all__) - NOT_TWINS == set(SYNC), "sqlaq.asyncio exports a non-twin"
+    assert aq.__all__ == sorted(aq.__all__, key=lambda n: (not n[0].isupper(), n))
+
+
+def test_every_public_function_of_ops_is_an_operation_made_from_a_plan() -> None:
+    for name in sqlaq.ops.__all__:
+        value = getattr(sqlaq.ops, name)
+        if inspect.isfunction(value):
+            assert value in drive._PLANS, f"ops.{name} is not made by @operation"
+
+
+def test_each_twin_runs_the_same_plan_with_the_same_signature() -> None:
+    for name, sync in SYNC.items():
+        twin = getattr(aq, name)
+        assert inspect.iscoroutinefunction(twin), name
+        sync_params = list(inspect.signature(sync).parameters.values())
+        twin_params = list(inspect.signature(twin).parameters.values())
+        assert sync_params[0].name == twin_params[0].name, name
+        assert sync_params[1:] == twin_params[1:], name
+        assert twin.__doc__
+        assert sync.__doc__
+        if name == "wait":  # its steps are shared; see the test below
+            continue
+        assert sync in drive._PLANS, f"{name} is not made from a plan by @operation"
+        assert drive.plan_of(sync).__name__ == name
+        assert sync_params[0].name == "conn"
+        assert (
+            inspect.signature(sync).return_annotation == inspect.signature(twin).return_annotation
+        ), name
+        assert sync.__doc__ in twin.__doc__
+
+
+def _args_for(function: Callable[..., Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Placeholders for the required arguments after the first: the kind check comes
+    before any of them is looked at."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for parameter in list(inspect.signature(function).parameters.values())[1:]:
+        if parameter.default is inspect.Parameter.empty:
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+                kwargs[parameter.name] = 1
+            elif parameter.kind is not inspect.Parameter.VAR_POSITIONAL:
+                args.append(1)
+    return args, kwargs
+
+
+_REFUSAL = re.compile(
+    r"^(?P<called>[\w.]+)\(\) was given an? (?P<kind>\w+): use (?P<other>[\w.]+) "
+    r"\((?P<how>awaited|not awaited)\)( on an? \w+ or \w+)?$"
+)
+
+
+def _refusal(error: pytest.ExceptionInfo[sqlaq.ConfigError]) -> dict[str, str]:
+    message = str(error.value)
+    match = _REFUSAL.match(message)
+    assert match, message
+    return match.groupdict()
+
+
+@pytest.mark.asyncio
+async def test_every_sync_function_refuses_async_objects_naming_its_twin(
+    async_engine: AsyncEngine,
+) -> None:
+    async with async_engine.connect() as conn:
+        given = {
+            "AsyncConnection": conn,
+            "AsyncSession": AsyncSession(async_engine),
+            "AsyncEngine": async_engine,
+        }
+        for name, sync in SYNC.items():
+            args, kwargs = _args_for(sync)
+            for kind, target in given.items():
+                with pytest.raises(sqlaq.ConfigError) as refused:
+                    sync(target, *args, **kwargs)
+                assert _refusal(refused) == {
+                    "called": drive.public_name(name, sync.__module__),
+                    "kind": kind,
+                    "other": f"sqlaq.asyncio.{name}",
+                    "how": "awaited",
+                }, name
+        assert not conn.in_transaction()  # nothing ran
+
+
+@pytest.mark.asyncio
+async def test_every_twin_refuses_sync_objects_naming_the_sync_function(engine: Engine) -> None:
+    with engine.connect() as conn, Session(engine) as session:
+        given = {"Connection": conn, "Session": session, "Engine": engine}
+        for name, sync in SYNC.items():
+            twin = getattr(aq, name)
+            args, kwargs = _args_for(twin)
+            for kind, target in given.items():
+                with pytest.raises(sqlaq.ConfigError) as refused:
+                    await twin(target, *args, **kwargs)
+                assert _refusal(refused) == {
+                    "called": f"sqlaq.asyncio.{name}",
+                    "kind": kind,
+                    "other": drive.public_name(name, sync.__module__),
+                    "how": "not awaited",
+                }, name
+        assert not conn.in_transaction()
+        assert not session.in_transaction()
+
+
+def test_the_refusal_is_the_line_the_docs_promise() -> None:
+    with pytest.raises(sqlaq.ConfigError) as refused:
+        sqlaq.pause(AsyncConnection(_engine()), "q")  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        "sqlaq.pause() was given an AsyncConnection: use sqlaq.asyncio.pause (awaited)"
+    )
+
+
+def _engine() -> AsyncEngine:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    return create_async_engine("postgresql+psycopg://nobody@localhost:1/none")
+
+
+def _calls_named(node: ast.AST, attribute: str) -> list[ast.Call]:
+    return [
+        call
+        for call in ast.walk(node)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == attribute
+    ]
+
+
+def test_sqlaq_asyncio_holds_a_driver_and_twins_only() -> None:
+    tree = ast.parse((PACKAGE / "asyncio.py").read_text())
+    driver = {"_run", "_special", "_copy"}  # the only code that may touch a connection
+    plan_made = {name for name, sync in SYNC.items() if sync in drive._PLANS}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name not in driver:
+            assert not _calls_named(node, "execute"), f"{node.name} executes SQL itself"
+    for node in tree.body:  # module level: every operation is asynchronous(<the original>)
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name in plan_made:
+                value = node.value
+                assert isinstance(value, ast.Call), name
+                assert isinstance(value.func, ast.Name)
+                assert value.func.id == "asynchronous"
+                (arg,) = value.args
+                assert isinstance(arg, ast.Attribute | ast.Name)
+                assert (arg.attr if isinstance(arg, ast.Attribute) else arg.id).endswith(name)
+    for name in aq._LAZY:  # made on first use, by asynchronous too
+        assert drive.plan_of(SYNC[name]).__name__ == name
+        assert getattr(aq, name).__signature__ == aq.asynchronous(SYNC[name]).__signature__
+    for node in tree.body:  # a class here is I/O only: the wait's listener, its LISTEN
+        if isinstance(node, ast.ClassDef):
+            for call in _calls_named(node, "execute"):
+                (statement,) = call.args
+                assert isinstance(statement, ast.Call), node.name
+                assert isinstance(statement.func, ast.Attribute), node.name
+                assert statement.func.attr == "listen_stmt", node.name
+
+
+def test_the_async_wait_takes_its_steps_from_the_sync_waits_logic() -> None:
+    """sqlaq.asyncio.wait and sqlaq.wait both run sqlaq.results.waiting's steps; the
+    reads are plans run by each driver, the deadline and the timeout error are there."""
+    for module, name in (("asyncio.py", "wait"), ("results.py", "wait")):
+        tree = ast.parse((PACKAGE / module).read_text())
+        (waiter,) = [
+            n
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name
+        ]
+        called = {
+            c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", "")
+            for c in ast.walk(waiter)
+            if isinstance(c, ast.Call)
+        }
+        assert "waiting" in called, module
+        assert {"_run", "run"} & called, module  # the plans, through the driver
+        assert "execute" not in called, module
+        assert "WaitTimeoutError" not in called, module
+    sync, twin = inspect.signature(sqlaq.wait), inspect.signature(aq.wait)
+    assert list(sync.parameters)[1:] == list(twin.parameters)[1:]
+    assert inspect.iscoroutinefunction(aq.wait)
+
+
+def test_operations_never_touch_a_connection_themselves() -> None:
+    modules = [
+        *sorted((PACKAGE / "ops").glob("*.py")),
+        *(PACKAGE / name for name in ("periodic.py", "explain.py", "control.py")),
+    ]
+    assert len(modules) > 2, "sqlaq/ops/ holds the operations' modules"
+    for path in modules:
+        module = path.name
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+                assert "conn" not in names, f"{module}: {node.name} takes a connection"
+        assert not _calls_named(tree, "execute"), module
+
+
+def test_the_sync_driver_takes_a_session_and_a_connection(engine: Engine) -> None:
+    with Session(engine) as session:
+        assert not sqlaq.enqueue(session, "k").duplicate
+        session.rollback()
+    with engine.connect() as conn:
+        assert isinstance(conn, Connection)
+        assert sqlaq.complete(conn, []) == []
+
+
 # -- workflows -----------------------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_workflow_shapes_run_in_order_and_the_callback_reads_results(
     aconn: AsyncExecutor,
 ) -> None:
