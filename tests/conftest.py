@@ -25,6 +25,7 @@ The suite never touches the database it connects to first: it creates
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -219,3 +220,16 @@ async def async_engine(
         yield engine
     finally:
         await engine.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_as_found() -> Iterator[None]:
+    """Leave the root logger as the test found it. A command run in process
+    (``sqlaq-worker``'s ``configure_logging``) gives it a handler on the stderr that the
+    test captured; a later test's logging would write to that closed stream, and
+    "--- Logging error ---" would land in whatever that test captures."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
