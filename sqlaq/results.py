@@ -352,7 +352,7 @@ def _log_read_retry(state: tenacity.RetryCallState) -> None:
     _log.warning(
         "wait: database unavailable (attempt %d), reading again in %.2fs: %s",
         state.attempt_number,
-        state.upcoming_sleep,
+        state.next_action.sleep if state.next_action else 0.0,
         describe(error) if error is not None else "",
     )
 

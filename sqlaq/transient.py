@@ -46,9 +46,11 @@ def is_transient(error: BaseException) -> bool:
             # connections" is a plain DBAPIError): its SQLSTATE says it.
             or str(getattr(error.orig, "sqlstate", None) or "").startswith(_TRANSIENT_STATES)
         )
-    return isinstance(
-        error, sa_exc.TimeoutError | psycopg.OperationalError | psycopg.InterfaceError
-    )
+    if isinstance(error, sa_exc.TimeoutError | psycopg.OperationalError | psycopg.InterfaceError):
+        return True
+    # A driver's own error that SQLAlchemy did not wrap (asyncpg's at connect time with
+    # SQLAlchemy 2.0): its SQLSTATE says it.
+    return str(getattr(error, "sqlstate", None) or "").startswith(_TRANSIENT_STATES)
 
 
 def describe(error: BaseException) -> str:

@@ -269,7 +269,7 @@ class Listener:
         _log.warning(
             "listener cannot connect (attempt %d), retrying in %.1fs: %s",
             state.attempt_number,
-            state.upcoming_sleep,
+            state.next_action.sleep if state.next_action else 0.0,
             _one_line(error),
         )
 

@@ -92,7 +92,7 @@ def start_check(
         _log.warning(
             "database unavailable at start (attempt %d), retrying in %.2fs: %s",
             state.attempt_number,
-            state.upcoming_sleep,
+            state.next_action.sleep if state.next_action else 0.0,
             describe(error) if error is not None else "",
         )
 

@@ -696,7 +696,9 @@ def _found() -> dict[str, Callable[..., Any]]:
     for module in _modules():
         for name in getattr(module, "__all__", ()):
             value = getattr(module, name)
-            if inspect.isfunction(value) and _runs_on_sync_objects(value):
+            # A pytest fixture is no function to call (pytest before 8.4 leaves it one).
+            fixture = hasattr(value, "_pytestfixturefunction")
+            if inspect.isfunction(value) and not fixture and _runs_on_sync_objects(value):
                 found.setdefault(f"{value.__module__}.{value.__name__}", value)
     return found
 

@@ -100,7 +100,12 @@ def test_the_local_names_are_answered_by_default(committed: Engine, host: str) -
 
 def test_an_ipv6_loopback_is_answered_where_starlette_parses_it(committed: Engine) -> None:
     with client_for(dashboard_app(committed), base_url="http://[::1]:8000") as client:
-        status = client.get("/").status_code
+        try:
+            status = client.get("/").status_code
+        except ValueError:  # the floor's test client splits the Host at its first colon
+            if ipv6_host_headers_parsed():
+                raise
+            pytest.skip("this Starlette's test client cannot send an IPv6 Host header")
     assert status == (200 if ipv6_host_headers_parsed() else 400)
 
 
