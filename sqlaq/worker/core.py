@@ -410,7 +410,11 @@ class Worker:
         """Take in what other threads reported: finished runs, notifications, cancels."""
         while self._woken:
             queue = self._woken.popleft()
-            self._fetcher.woken(self.config.queues if queue is None else (queue,))
+            if queue is None:  # the listener (re)connected: what it missed is looked up
+                self._fetcher.woken(self.config.queues)  # new jobs: a claim at once
+                self._leases.renew_soon()  # cancels of held jobs: a renewal at once
+            else:
+                self._fetcher.woken((queue,))
         while self._cancels:
             self._leases.cancelled(self._cancels.popleft())
         if self._releases:

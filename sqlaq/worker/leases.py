@@ -205,6 +205,13 @@ class Leases:
             else:
                 self._mark(run, LOST, "lease lost (expired and claimed again, or deleted)")
 
+    def renew_soon(self) -> None:
+        """Renew the held leases at once, not at the next heartbeat: the listener (re)
+        connected, and a cancel sent while it was not listening is found by a renewal
+        (it matches no row of a cancelled job)."""
+        if self._held:
+            self.next = min(self.next, monotonic())
+
     def next_renewal(self) -> float:
         """When the next renewal is due (``time.monotonic`` clock)."""
         return self.next

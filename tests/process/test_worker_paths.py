@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import test_transactional
+from helpers import login_role
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import sessionmaker
 from workerkit import Recorder, enqueue, job, ledger_runs, running, wait_until, worker_processes
@@ -148,6 +149,64 @@ def test_cancelling_a_running_async_job_cancels_its_task(committed: Engine) -> N
         assert cancelled.wait(10), "the handler's task was not cancelled"
         next_id = enqueue(committed, "after", queue=queue)
         wait_until(lambda: job(committed, next_id).status == "done", 10, "the slot freed")
+    assert job(committed, job_id).status == "cancelled"
+
+
+def test_a_cancel_sent_while_the_listener_was_down_is_found_when_it_reconnects(
+    committed: Engine, database_url: str
+) -> None:
+    # The listener connects as a role of its own, refused logins while the test cancels
+    # the job: the cancel's NOTIFY reaches no one. A lease of 120 s is renewed every
+    # 40 s, so within the 20 s the test waits only the listener's reconnection can
+    # make the worker look for cancels it missed.
+    registry = sqlaq.Registry()
+    queue = _queue()
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    @registry.handler("waits")
+    async def waits(payload: dict[str, Any]) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    with login_role(database_url, "listener") as (role, role_url):
+        worker = sqlaq.Worker(
+            committed,
+            registry,
+            queues=[queue],
+            concurrency=1,
+            poll_interval=timedelta(milliseconds=100),
+            lease=timedelta(seconds=120),
+            listen_url=role_url,
+        )
+        try:
+            with running(worker):
+                wait_until(lambda: worker.listening, 10, "the listener connected")
+                job_id = enqueue(committed, "waits", queue=queue)
+                assert started.wait(10)
+                with admin.connect() as conn:
+                    conn.execute(text(f'ALTER ROLE "{role}" NOLOGIN'))
+                    conn.execute(
+                        text(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                            " WHERE usename = :role"
+                        ),
+                        {"role": role},
+                    )
+                wait_until(lambda: not worker.listening, 10, "the listener noticed")
+                with committed.begin() as conn:
+                    sqlaq.cancel(conn, job_id)
+                with admin.connect() as conn:
+                    conn.execute(text(f'ALTER ROLE "{role}" LOGIN'))
+                wait_until(lambda: worker.listening, 15, "the listener reconnected")
+                assert cancelled.wait(20), "the cancel was not found after the reconnection"
+        finally:
+            admin.dispose()
     assert job(committed, job_id).status == "cancelled"
 
 
