@@ -1070,6 +1070,22 @@ def _check_quickstart(argv: list[str], line: str, request: pytest.FixtureRequest
     assert re.search(r"^job \d+ is done$", run.stdout, re.MULTILINE), run.stdout
 
 
+def _check_workflow_example(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    """examples/workflow.py runs its chord to the end and prints the fan-in's sum."""
+    url = request.getfixturevalue("empty_database_url")
+    run = subprocess.run(
+        [sys.executable, str(ROOT / argv[1])],
+        cwd=ROOT,
+        env={**os.environ, "SQLAQ_DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "sum of squares of [1, 2, 3, 4, 5]: 55\n" in run.stdout, run.stdout
+
+
 def _check_pip(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
     """Installs or builds packages: not run by a test. The extras it names in brackets
     must be sqlaq's, and a wheel file it names must be the one ``pip wheel`` builds
@@ -1105,6 +1121,8 @@ def sh_rule(argv: list[str]) -> ShCheck | None:
             return _check_in_ci
         case ["python3", "examples/quickstart.py"]:
             return _check_quickstart
+        case ["python3", "examples/workflow.py"]:
+            return _check_workflow_example
     return None
 
 
