@@ -52,6 +52,7 @@ from __future__ import annotations
 
 # c: the jobs table's columns, importable here as before (not in __all__).
 from sqlaq.queries._common import c as c
+from sqlaq.queries._graph import workflow_cte
 from sqlaq.queries.catalog import (
     catalog_constraints_stmt,
     catalog_functions_stmt,
@@ -153,6 +154,7 @@ from sqlaq.queries.retention import (
     Reference,
     blocking_references_stmt,
     cancel_stmt,
+    cancel_workflow_stmt,
     cancelled_among_stmt,
     count_prunable_stmt,
     count_referenced_stmt,
@@ -181,6 +183,7 @@ from sqlaq.queries.workflow import (
     release_stmt,
     release_waiting_stmt,
     waiting_for_stmt,
+    workflow_stmt,
 )
 
 __all__ = [
@@ -192,6 +195,7 @@ __all__ = [
     "Reference",
     "blocking_references_stmt",
     "cancel_stmt",
+    "cancel_workflow_stmt",
     "cancelled_among_stmt",
     "catalog_constraints_stmt",
     "catalog_functions_stmt",
@@ -292,4 +296,6 @@ __all__ = [
     "where_check_stmt",
     "where_text",
     "workers_stmt",
+    "workflow_cte",
+    "workflow_stmt",
 ]
