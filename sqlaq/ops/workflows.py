@@ -8,6 +8,7 @@ or not at all.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from sqlaq import queries
 from sqlaq.drive import Plan, operation, plan_of
@@ -279,7 +280,7 @@ def read_workflow(job_id: int, *, limit: int = 200) -> Plan[WorkflowJobs]:
     """
     _check_positive("limit", limit)
     stmt = queries.workflow_stmt(job_id=job_id, limit=limit, count_limit=WORKFLOW_COUNT_LIMIT)
-    rows = (yield stmt, None).all()
+    rows = yield from _without_jit(stmt)
     found = tuple(
         WorkflowJob(
             job_id=row.id,
@@ -309,4 +310,14 @@ def cancel_workflow(job_id: int) -> Plan[list[int]]:
     Returns:
         The ids of the jobs cancelled (none when no job has this id).
     """
-    return list((yield queries.cancel_workflow_stmt(job_id=job_id), None).scalars())
+    rows = yield from _without_jit(queries.cancel_workflow_stmt(job_id=job_id))
+    return [row[0] for row in rows]
+
+
+def _without_jit(stmt: Any) -> Plan[list[Any]]:
+    """Run a workflow's walk with JIT off (see :func:`sqlaq.queries.set_jit_stmt`),
+    then set ``jit`` back to what it was; its rows."""
+    was = (yield queries.set_jit_stmt(value="off"), None).scalar_one()
+    rows = (yield stmt, None).all()
+    yield queries.set_jit_stmt(value=was), None
+    return list(rows)

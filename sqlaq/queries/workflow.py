@@ -298,3 +298,22 @@ def workflow_stmt(*, job_id: int, limit: int, count_limit: int) -> Select[Any]:
         .where(c.id.in_(shown))
         .order_by(c.id)
     )
+
+
+def set_jit_stmt(*, value: str) -> Select[Any]:
+    """Set ``jit`` for the rest of the transaction; select what it was.
+
+    Renders ``SELECT current_setting('jit') AS was, set_config('jit', :b_value, true)``.
+    A workflow's walk (:func:`workflow_stmt`, :func:`~sqlaq.queries.cancel_workflow_stmt`)
+    is a recursive statement whose estimated cost is far above its real one:
+    PostgreSQL would JIT-compile it (0.4 s, for a walk of a few milliseconds). The
+    operations turn JIT off around the walk and set it back to what it was.
+    """
+    return select(
+        func.current_setting(literal_column("'jit'", Text)).label("was"),
+        func.set_config(
+            literal_column("'jit'", Text),
+            bindparam("b_value", value, Text),
+            literal_column("true", Boolean),
+        ),
+    )

@@ -158,3 +158,13 @@ def test_a_group_without_after_is_not_one_workflow(conn: Connection) -> None:
         group.job_ids[0]
     ]
     assert sqlaq.cancel_workflow(conn, group.job_ids[0]) == [group.job_ids[0]]
+
+
+def test_the_walk_runs_without_jit_and_sets_it_back(conn: Connection) -> None:
+    flow = sqlaq.chain(conn, [NewJob("step"), NewJob("step")])
+    for value in ("on", "off"):
+        conn.execute(text("SELECT set_config('jit', :v, true)"), {"v": value})
+        assert len(sqlaq.read_workflow(conn, flow.job_ids[0]).jobs) == 2
+        assert conn.execute(text("SHOW jit")).scalar_one() == value
+    assert len(sqlaq.cancel_workflow(conn, flow.job_ids[1])) == 2
+    assert conn.execute(text("SHOW jit")).scalar_one() == "off"
