@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Row
+from sqlalchemy.exc import OperationalError
 
 from sqlaq import control, ops, queries
 from sqlaq.registry import Registry
@@ -230,8 +231,30 @@ def job(conn: Connection, job_id: int) -> dict[str, Any] | None:
         data[f"{name}_text"], data[f"{name}_cut"] = text, cut
     data["finished"] = data["status"] in FINISHED_STATUSES
     in_workflow = data.pop("has_dependents") or data["parent_ids"] is not None
-    data["workflow"] = workflow(conn, job_id) if in_workflow else None
+    data["workflow"] = _bounded_workflow(conn, job_id) if in_workflow else None
     return data
+
+
+#: How long a job's page waits for its workflow's walk (``statement_timeout``): an
+#: old workflow in a large table is slow to walk (see docs/how-to/workflows.md); the
+#: page then says so instead of hanging.
+WORKFLOW_TIMEOUT = "2s"
+_QUERY_CANCELED = "57014"
+
+
+def _bounded_workflow(conn: Connection, job_id: int) -> WorkflowDrawing | str:
+    """:func:`workflow`, or ``"timeout"`` if the walk took more than
+    :data:`WORKFLOW_TIMEOUT` (in a savepoint: the page's other reads stand)."""
+    try:
+        with conn.begin_nested():
+            conn.execute(queries.set_setting_stmt(name="statement_timeout", value=WORKFLOW_TIMEOUT))
+            drawing = workflow(conn, job_id)
+            conn.execute(queries.set_setting_stmt(name="statement_timeout", value="0"))
+            return drawing
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != _QUERY_CANCELED:
+            raise
+        return "timeout"
 
 
 #: Jobs of a workflow a job's page draws at most (the nearest to the job); the rest

@@ -315,9 +315,9 @@ def cancel_workflow(job_id: int) -> Plan[list[int]]:
 
 
 def _without_jit(stmt: Any) -> Plan[list[Any]]:
-    """Run a workflow's walk with JIT off (see :func:`sqlaq.queries.set_jit_stmt`),
+    """Run a workflow's walk with JIT off (see :func:`sqlaq.queries.set_setting_stmt`),
     then set ``jit`` back to what it was; its rows."""
-    was = (yield queries.set_jit_stmt(value="off"), None).scalar_one()
+    was = (yield queries.set_setting_stmt(name="jit", value="off"), None).scalar_one()
     rows = (yield stmt, None).all()
-    yield queries.set_jit_stmt(value=was), None
+    yield queries.set_setting_stmt(name="jit", value=was), None
     return list(rows)

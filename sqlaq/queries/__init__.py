@@ -182,7 +182,7 @@ from sqlaq.queries.workflow import (
     parent_results_stmt,
     release_stmt,
     release_waiting_stmt,
-    set_jit_stmt,
+    set_setting_stmt,
     waiting_for_stmt,
     workflow_stmt,
 )
@@ -280,7 +280,7 @@ __all__ = [
     "running_workers_stmt",
     "schema_revision_stmt",
     "serving_workers_stmt",
-    "set_jit_stmt",
+    "set_setting_stmt",
     "snooze_stmt",
     "stats_counts_stmt",
     "stats_health_stmt",

@@ -300,20 +300,21 @@ def workflow_stmt(*, job_id: int, limit: int, count_limit: int) -> Select[Any]:
     )
 
 
-def set_jit_stmt(*, value: str) -> Select[Any]:
-    """Set ``jit`` for the rest of the transaction; select what it was.
+def set_setting_stmt(*, name: str, value: str) -> Select[Any]:
+    """Set the setting *name* for the rest of the transaction; select what it was.
 
-    Renders ``SELECT current_setting('jit') AS was, set_config('jit', :b_value, true)``.
-    A workflow's walk (:func:`workflow_stmt`, :func:`~sqlaq.queries.cancel_workflow_stmt`)
-    is a recursive statement whose estimated cost is far above its real one:
-    PostgreSQL would JIT-compile it (0.4 s, for a walk of a few milliseconds). The
-    operations turn JIT off around the walk and set it back to what it was.
+    Renders ``SELECT current_setting(:b_name) AS was, set_config(:b_name, :b_value,
+    true)``. A workflow's walk (:func:`workflow_stmt`,
+    :func:`~sqlaq.queries.cancel_workflow_stmt`) is a recursive statement whose
+    estimated cost is far above its real one: PostgreSQL would JIT-compile it (0.5 s,
+    for a walk of a few milliseconds). The operations turn ``jit`` off around the walk
+    and set it back to what it was; the dashboard bounds its walk with
+    ``statement_timeout``.
     """
+    setting = bindparam("b_name", name, Text)
     return select(
-        func.current_setting(literal_column("'jit'", Text)).label("was"),
+        func.current_setting(setting).label("was"),
         func.set_config(
-            literal_column("'jit'", Text),
-            bindparam("b_value", value, Text),
-            literal_column("true", Boolean),
+            setting, bindparam("b_value", value, Text), literal_column("true", Boolean)
         ),
     )

@@ -322,6 +322,25 @@ def test_a_large_workflow_is_drawn_in_part_with_how_many_more(
     assert int(more[1]) == members + 1 - reads.WORKFLOW_SHOWN
 
 
+def test_a_workflow_too_slow_to_walk_is_not_drawn_and_the_page_stands(
+    client: TestClient, committed: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with committed.begin() as conn:
+        chord = sqlaq.chord(conn, [sqlaq.NewJob("count")] * 3, sqlaq.NewJob("sum"))
+        # Each member's walk down reads every job enqueued after it.
+        conn.execute(
+            text("INSERT INTO sqlaq_jobs (kind) SELECT 'x' FROM generate_series(1, 300000)")
+        )
+    monkeypatch.setattr(reads, "WORKFLOW_TIMEOUT", "1ms")
+    response = client.get(f"/jobs/{chord.job_ids[0]}")
+    assert response.status_code == 200
+    assert 'id="workflow-slow"' in response.text
+    assert 'id="workflow-graph"' not in response.text
+    assert pre(response.text, "payload") == "{}"
+    monkeypatch.setattr(reads, "WORKFLOW_TIMEOUT", "60s")
+    assert 'id="workflow-graph"' in client.get(f"/jobs/{chord.job_ids[0]}").text
+
+
 def test_job_page_shows_a_result_when_the_table_stores_one(
     client: TestClient, committed: Engine, jobs: dict[str, int]
 ) -> None:

@@ -267,7 +267,7 @@ CALLS: dict[str, list[Any]] = {
     "waiting_for_stmt": [{"job_id": 9}],
     "parent_results_stmt": [{"job_id": 9}],
     "workflow_cte": [{"job_id": 9}],
-    "set_jit_stmt": [{"value": "off"}],
+    "set_setting_stmt": [{"name": "jit", "value": "off"}],
     "workflow_stmt": [{"job_id": 9, "limit": 200, "count_limit": 10000}],
 }
 
