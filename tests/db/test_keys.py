@@ -3,6 +3,7 @@ strict order per key (``key_concurrency``, ``ordered``), against a real PostgreS
 
 from __future__ import annotations
 
+import io
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -12,7 +13,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import sqlaq
-from sqlaq import InvalidJobError, NewJob
+from sqlaq import InvalidJobError, NewJob, admin
 from sqlaq.explain import ReasonCode
 
 pytestmark = pytest.mark.timeout(60)
@@ -265,3 +266,17 @@ def _ledger_registry() -> sqlaq.Registry:
     registry = sqlaq.Registry()
     registry.add("ledger", print, ordered=True)
     return registry
+
+
+def test_sqlaq_explain_names_the_key_that_holds_a_job(committed: Engine, database_url: str) -> None:
+    """``sqlaq explain ID --app ...`` with worker_app's ordered kind ``account_op``."""
+    first, second = _enqueue(committed, "account_op", "acct-9", "acct-9")
+    assert _ids(_claim(committed, "account_op", ordered=True)) == [first]
+    out = io.StringIO()
+    argv = ["explain", str(second), "--app", "worker_app:registry", "--database-url", database_url]
+    assert admin.run(argv, {}, out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == [
+        f"key_order: behind an earlier job of its key 'acct-9' (id {first}, running)",
+        "key_limit: waiting: key 'acct-9' at its limit (1 running, key_concurrency 1)",
+    ]
