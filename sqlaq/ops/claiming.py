@@ -41,6 +41,16 @@ _KIND_STATE = queries.kind_limit_state_stmt(kind="_", rate=None)
 
 _RECORD_STARTS = queries.record_starts_stmt(kind="_", rate=Rate(1, DEFAULT_LEASE), started=1)
 
+_KEY_RUNNING = queries.key_running_stmt(kind="_")
+
+_CLAIM_IDS = queries.claim_stmt(
+    queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, kind="_", ids=True
+)
+
+_KEYED_CANDIDATES = queries.keyed_candidates_stmt(ordered=False)
+
+_ORDERED_CANDIDATES = queries.keyed_candidates_stmt(ordered=True)
+
 
 @operation
 def claim(
@@ -103,20 +113,26 @@ _NARROWED_LOCK = threading.Lock()
 
 
 def _narrowed_claim(where: Any, variant: str) -> Any:
+    """The claim (or, for the variants "keyed" and "ordered", the keyed candidates'
+    select) narrowed by *where*, cached by the clauses' identity."""
     clauses = tuple(where) if isinstance(where, Sequence) else (where,)
     key = (tuple(map(id, clauses)), variant)
     cached = _NARROWED.get(key)
     if cached is not None and all(a is b for a, b in zip(cached[0], clauses, strict=True)):
         return cached[1]
-    stmt = queries.claim_stmt(
-        queue="_",
-        worker_id=_NIL,
-        limit=1,
-        lease=DEFAULT_LEASE,
-        kind="_" if variant == "kind" else None,
-        exclude_kinds=["_"] if variant == "excluding" else (),
-        where=list(clauses),
-    )
+    stmt: Any
+    if variant in ("keyed", "ordered"):
+        stmt = queries.keyed_candidates_stmt(ordered=variant == "ordered", where=list(clauses))
+    else:
+        stmt = queries.claim_stmt(
+            queue="_",
+            worker_id=_NIL,
+            limit=1,
+            lease=DEFAULT_LEASE,
+            kind="_" if variant == "kind" else None,
+            exclude_kinds=["_"] if variant == "excluding" else (),
+            where=list(clauses),
+        )
     with _NARROWED_LOCK:  # worker threads claim at once
         if len(_NARROWED) >= _NARROWED_MAX:
             _NARROWED.pop(next(iter(_NARROWED)))  # the oldest entry
@@ -135,6 +151,8 @@ def claim_limited(
     concurrency: int | None = None,
     rate: Rate | str | None = None,
     where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+    key_concurrency: int | None = None,
+    ordered: bool = False,
 ) -> Plan[LimitedClaim]:
     """Claim due jobs of one *kind* of *queue* within the kind's global limits.
 
@@ -144,6 +162,17 @@ def claim_limited(
     start log, claims what the limits allow (up to *limit*), and logs the new starts
     (see :mod:`sqlaq.limits`). Jobs held back stay queued and keep their attempts.
 
+    Per key (the job's ``key``, set at enqueue): with *key_concurrency*, at most that
+    many jobs of one key of *kind* hold a live lease at once; with *ordered* (strict
+    order per key), the jobs of one key run one at a time, in enqueue order (by id),
+    and a job waits while an earlier job of its key is queued (due or not: one waiting
+    for its retry holds the line), running, or failed: a job that failed for good holds
+    its key until it is retried (it then runs again, first) or deleted. Jobs without a
+    key are limited by the kind's limits only. Under the same lock, the claim reads the
+    live leases per key (the running index: running rows only), picks the due jobs in
+    claim order that their keys allow (a few rows at a time, leaving out full keys),
+    and claims those by id.
+
     It must run in a transaction (not in autocommit): the lock is held until the caller
     commits, and the next claim of the kind waits for it. Commit at once.
 
@@ -152,8 +181,9 @@ def claim_limited(
     a job of the kind running elsewhere, matching or not, holds one of its slots.
 
     Raises:
-        ConfigError: *limit* or *concurrency* is not a positive int, *rate* is not
-            a rate, or *where* not a clause over ``sqlaq.jobs``.
+        ConfigError: *limit*, *concurrency* or *key_concurrency* is not a positive int,
+            *ordered* with a *key_concurrency* other than 1, *rate* is not a rate, or
+            *where* not a clause over ``sqlaq.jobs``.
         InvalidJobError: *lease* is not a positive timedelta of at most 100 years, or
             *queue* or *kind* is not a name.
     """
@@ -166,6 +196,15 @@ def claim_limited(
         )
     if concurrency is not None:
         _check_positive("concurrency", concurrency)
+    if key_concurrency is not None:
+        _check_positive("key_concurrency", key_concurrency)
+    if ordered:
+        if key_concurrency not in (None, 1):
+            raise ConfigError(
+                f"ordered runs one job of a key at a time: key_concurrency must be 1 or None, "
+                f"got {shown(key_concurrency)}"
+            )
+        key_concurrency = 1
     if isinstance(rate, str):
         rate = Rate.parse(rate)
     narrowed = where is not None and not (isinstance(where, Sequence) and not where)
@@ -183,7 +222,27 @@ def claim_limited(
         now=now,
     )
     jobs: list[ClaimedJob] = []
-    if allowed.count:
+    keys_full = False
+    if allowed.count and key_concurrency is not None:
+        variant = "ordered" if ordered else "keyed"
+        if narrowed:
+            select_ = _narrowed_claim(where, variant)
+        else:
+            select_ = _ORDERED_CANDIDATES if ordered else _KEYED_CANDIDATES
+        picked, keys_full = yield from _pick_keyed(
+            select_, kind=kind, queue=queue, wanted=allowed.count, cap=key_concurrency
+        )
+        if picked:
+            params = queries.claim_params(
+                queue=queue,
+                worker_id=worker_id,
+                limit=len(picked),
+                lease=lease,
+                kind=kind,
+                ids=picked,
+            )
+            jobs = _claimed((yield _CLAIM_IDS, params).all(), worker_id, lease)
+    elif allowed.count:
         params = queries.claim_params(
             queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
         )
@@ -192,8 +251,47 @@ def claim_limited(
     if rate is not None and jobs:
         yield _RECORD_STARTS, queries.record_starts_params(kind=kind, rate=rate, started=len(jobs))
     if len(jobs) < allowed.count:
-        return LimitedClaim(jobs)  # nothing more is due: no limit held anything back
+        # Nothing more is due, or the due jobs' keys are at their limit: a job of the
+        # kind that ends (or the next poll) may free one.
+        return LimitedClaim(jobs, keys_full)
     return LimitedClaim(jobs, allowed.full, allowed.rate_wait)
+
+
+def _pick_keyed(
+    select_: Any, *, kind: str, queue: str, wanted: int, cap: int
+) -> Plan[tuple[list[int], bool]]:
+    """The ids of up to *wanted* due jobs of a keyed *kind* that their keys allow (at
+    most *cap* live leases per key), in claim order; and whether a key was at its cap.
+
+    Run under the kind's lock. Each round asks for as many candidates as are still
+    wanted, leaving out the keys already full and the jobs picked; a round that takes
+    fewer than it read filled a key, so the next one leaves that key out: at most one
+    round per key filled, plus one.
+    """
+    rows = yield _KEY_RUNNING, {"b_kind": kind}
+    room = {key: cap - running for key, running in rows.all()}
+    full = sorted(key for key, left in room.items() if left <= 0)
+    picked: list[int] = []
+    while len(picked) < wanted:
+        asked = wanted - len(picked)
+        params = queries.keyed_candidates_params(
+            queue=queue, kind=kind, limit=asked, full_keys=full, picked=picked
+        )
+        candidates = (yield select_, params).all()
+        for job_id, key in candidates:
+            if key is None:
+                picked.append(job_id)
+                continue
+            left = room.get(key, cap)
+            if left <= 0:
+                continue  # filled by this round
+            picked.append(job_id)
+            room[key] = left - 1
+            if left == 1:
+                full.append(key)
+        if len(candidates) < asked:
+            break  # nothing more is due
+    return picked, bool(full)
 
 
 def _check_claim(worker_id: UUID, queue: str, limit: int, lease: timedelta) -> None:
