@@ -168,3 +168,11 @@ def test_the_walk_runs_without_jit_and_sets_it_back(conn: Connection) -> None:
         assert conn.execute(text("SHOW jit")).scalar_one() == value
     assert len(sqlaq.cancel_workflow(conn, flow.job_ids[1])) == 2
     assert conn.execute(text("SHOW jit")).scalar_one() == "off"
+
+
+def test_prune_runs_without_jit_and_sets_it_back(conn: Connection) -> None:
+    plain = sqlaq.enqueue(conn, "plain").job_id
+    finish_long_ago(conn, plain, "done", "30 days")
+    conn.execute(text("SELECT set_config('jit', 'on', true)"))
+    assert sqlaq.prune(conn, older_than=WEEK) == 1
+    assert conn.execute(text("SHOW jit")).scalar_one() == "on"
