@@ -7,7 +7,7 @@ import threading
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from sqlalchemy import ColumnElement
 
@@ -21,7 +21,9 @@ from sqlaq.encoding import (
 from sqlaq.errors import ConfigError, InvalidJobError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
+from sqlaq.ops._citus import DISTRIBUTED
 from sqlaq.ops._common import _NIL, DEFAULT_LEASE, _check_positive
+from sqlaq.queries import citus as citus_queries
 from sqlaq.records import ClaimedJob, LimitedClaim
 from sqlaq.schema import (
     DEFAULT_QUEUE,
@@ -40,6 +42,14 @@ _LOCK_KIND = queries.lock_kind_stmt(kind="_")
 _KIND_STATE = queries.kind_limit_state_stmt(kind="_", rate=None)
 
 _RECORD_STARTS = queries.record_starts_stmt(kind="_", rate=Rate(1, DEFAULT_LEASE), started=1)
+
+# The claims of a job table distributed on Citus (router statements, see
+# sqlaq.queries.citus): plain, excluding kinds, one kind's.
+_CITUS_CLAIM = citus_queries.citus_claim_stmt()
+
+_CITUS_CLAIM_EXCLUDING = citus_queries.citus_claim_stmt(exclude_kinds=True)
+
+_CITUS_CLAIM_KIND = citus_queries.citus_claim_stmt(kind=True)
 
 
 @operation
@@ -81,6 +91,14 @@ def claim(
     """
     _check_claim(worker_id, queue, limit, lease)
     kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
+    if (yield DISTRIBUTED):
+        _citus_where("claim", where)
+        params = citus_queries.citus_claim_params(
+            queue=queue, worker_id=worker_id, limit=limit, lease=lease, token=uuid4().hex,
+            exclude_kinds=kinds,
+        )  # fmt: skip
+        claimed = yield (_CITUS_CLAIM_EXCLUDING if kinds else _CITUS_CLAIM), params
+        return _claimed(claimed.all(), worker_id, lease)
     params = queries.claim_params(
         queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=kinds
     )
@@ -90,6 +108,14 @@ def claim(
         stmt = _CLAIM_EXCLUDING if kinds else _CLAIM
     claimed = yield stmt, params
     return _claimed(claimed.all(), worker_id, lease)
+
+
+def _citus_where(operation: str, where: Any) -> None:
+    if where is not None and not (isinstance(where, Sequence) and not where):
+        raise ConfigError(
+            f"{operation}(where=...) is not supported on Citus (sqlaq_jobs is distributed) "
+            "yet: claim without it, or give the matching jobs a queue of their own"
+        )
 
 
 # Narrowed claims, by the identity of their clause(s) and their variant ("": plain,
@@ -168,8 +194,13 @@ def claim_limited(
         _check_positive("concurrency", concurrency)
     if isinstance(rate, str):
         rate = Rate.parse(rate)
-    narrowed = where is not None and not (isinstance(where, Sequence) and not where)
-    stmt = _narrowed_claim(where, "kind") if narrowed else _CLAIM_KIND
+    citus = yield DISTRIBUTED
+    if citus:
+        _citus_where("claim_limited", where)
+        stmt = _CITUS_CLAIM_KIND
+    else:
+        narrowed = where is not None and not (isinstance(where, Sequence) and not where)
+        stmt = _narrowed_claim(where, "kind") if narrowed else _CLAIM_KIND
     yield _LOCK_KIND, {"b_kind": kind}
     state = yield _KIND_STATE, queries.kind_limit_state_params(kind=kind, rate=rate)
     running, recent, pivot, now = state.one()
@@ -184,9 +215,15 @@ def claim_limited(
     )
     jobs: list[ClaimedJob] = []
     if allowed.count:
-        params = queries.claim_params(
-            queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
-        )
+        if citus:
+            params = citus_queries.citus_claim_params(
+                queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease,
+                token=uuid4().hex, kind=kind,
+            )  # fmt: skip
+        else:
+            params = queries.claim_params(
+                queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
+            )
         claimed_rows = yield stmt, params
         jobs = _claimed(claimed_rows.all(), worker_id, lease)
     if rate is not None and jobs:
@@ -234,7 +271,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             attempts,
             max_attempts,
             created_at,
-            new_lease(job_id, worker_id, token, attempts, run_at),
+            new_lease(job_id, worker_id, token, attempts, run_at, queue_),
             run_at - lease,
             headers,
             timeout,
@@ -273,15 +310,23 @@ _CLAIMED_SETTERS = slot_setters(ClaimedJob)
 _LEASE_SETTERS = slot_setters(Lease)
 
 
-def _new_lease(job_id: int, worker_id: UUID, token: UUID, attempt: int, expires: Any) -> Lease:
+def _new_lease(
+    job_id: int,
+    worker_id: UUID,
+    token: UUID,
+    attempt: int,
+    expires: Any,
+    queue: str | None = None,
+) -> Lease:
     """``Lease(...)``, faster (see :func:`~sqlaq.encoding.slot_setters`)."""
-    set_id, set_worker, set_token, set_attempt, set_expires = _LEASE_SETTERS
+    set_id, set_worker, set_token, set_attempt, set_expires, set_queue = _LEASE_SETTERS
     lease = object.__new__(Lease)
     set_id(lease, job_id)
     set_worker(lease, worker_id)
     set_token(lease, token)
     set_attempt(lease, attempt)
     set_expires(lease, expires)
+    set_queue(lease, queue)
     return lease
 
 

@@ -16,7 +16,8 @@ from sqlaq.encoding import (
     check_duration,
     slot_setters,
 )
-from sqlaq.errors import InvalidJobError
+from sqlaq.errors import ConfigError, InvalidJobError
+from sqlaq.ops._citus import DISTRIBUTED
 from sqlaq.ops._common import DEFAULT_LEASE
 from sqlaq.ops._links import check_after, check_policy, link, mark_parents
 from sqlaq.queries.columns import copy_row
@@ -132,6 +133,9 @@ def enqueue(
         check_duration("unique_for", unique_for, allow_zero=False)
         if job.dedupe_key is None:
             raise InvalidJobError("unique_for needs a dedupe_key: the key it holds")
+    citus = yield DISTRIBUTED
+    if citus:
+        _citus_check(job, debounced=debounced, unique_for=unique_for, after=after)
     if after is not None:
         return (yield from _enqueue_after(job, after, on_parent_failure, debounced, unique_for))
     # The enqueuer's trace context (sqlaq[otel]), linked from each attempt's span.
@@ -144,6 +148,8 @@ def enqueue(
         )
     if job.dedupe_key is None:
         inserted = yield _ENQUEUE, params
+        if citus:
+            yield from _citus_wake([job])
         return EnqueueResult(inserted.scalar_one())
     if unique_for is not None:
         return (yield from _enqueue_unique(job.kind, job.dedupe_key, params, unique_for))
@@ -160,6 +166,31 @@ def enqueue(
         f"could not enqueue {kind!r} with dedupe_key {dedupe_key!r}: its pending twin kept "
         "changing; try again"
     )
+
+
+def _citus_check(
+    job: NewJob, *, debounced: bool, unique_for: timedelta | None, after: object
+) -> None:
+    """Refuse, on a job table distributed on Citus, what enqueue cannot do there yet."""
+    why = None
+    if debounced:
+        why = "debounce upserts on the (kind, debounce_key) index, which is per queue there"
+    elif unique_for is not None:
+        why = "unique_for holds its key in sqlaq_unique_holds, a coordinator table"
+    elif after is not None:
+        why = "workflows (after=) need the dependency trigger, refused on a distributed table"
+    elif job.dedupe_key is not None:
+        why = "dedupe keys are unique per queue there, and the per-queue upsert is not built yet"
+    if why is not None:
+        raise ConfigError(f"enqueue is not supported on Citus (sqlaq_jobs is distributed): {why}")
+
+
+def _citus_wake(jobs: Iterable[NewJob]) -> Plan[None]:
+    """Wake the workers of the queues of *jobs* due now, on Citus, where no trigger does:
+    a NOTIFY statement of its own, on the coordinator, sent when the caller commits."""
+    queues = sorted({job.queue for job in jobs if not job.delay and job.run_at is None})
+    if queues:
+        (yield queries.notify_queues_stmt(queues=queues), None).all()
 
 
 def _enqueue_after(
@@ -298,13 +329,27 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
         # Checked and encoded when it was made: one statement, no NewJob built.
         if not jobs:
             return []
-        return (yield from _enqueue_uniform(jobs.template, jobs.payloads_json, len(jobs)))
+        done = yield from _enqueue_uniform(jobs.template, jobs.payloads_json, len(jobs))
+        if (yield DISTRIBUTED):
+            yield from _citus_wake([jobs.template])
+        return done
     batch = list(jobs)
     for index, job in enumerate(batch):
         if not isinstance(job, NewJob):
             raise InvalidJobError(f"jobs[{index}] must be a sqlaq.NewJob, got {type(job).__name__}")
     if not batch:
         return []
+    if (yield DISTRIBUTED):
+        for job in batch:
+            _citus_check(job, debounced=False, unique_for=None, after=None)
+        done = yield from _enqueue_many(batch)
+        yield from _citus_wake(batch)
+        return done
+    return (yield from _enqueue_many(batch))
+
+
+def _enqueue_many(batch: list[NewJob]) -> Plan[list[EnqueueResult]]:
+    """enqueue_many's insert of checked, non-empty *batch*."""
     shape = _SHAPE(batch[0])
     if shape[_SHAPE_DEDUPE_KEY] is None and all(map(shape.__eq__, map(_SHAPE, batch))):
         # The common batch: jobs that differ only in their payload, none with a dedupe
@@ -392,4 +437,6 @@ def enqueue_copy(jobs: Iterable[NewJob]) -> Plan[int]:
         queries.enqueue_copy_stmt(), jobs_table.name, queries.COPY_COLUMNS, rows, "enqueue_copy"
     )
     written: int = yield copy
+    if (yield DISTRIBUTED):
+        yield from _citus_wake(batch)
     return written

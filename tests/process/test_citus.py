@@ -1,0 +1,323 @@
+"""sqlaq on Citus: ``sqlaq citus-distribute``, the runtime detection, the router-shaped
+statements of the core path, and a drain by worker processes on a real 3-node cluster.
+
+``nox -s citus`` builds Citus (../shared/citus/build.sh, cached), starts a throwaway
+cluster (cluster.sh: a coordinator and two worker nodes) and sets ``SQLAQ_CITUS_URL`` to
+the coordinator's database; without it the cluster tests are skipped. The first test
+(no Citus: a clear refusal) runs in the default suite, on the plain server.
+
+Every cluster test starts from a database without sqlaq's tables (the cluster has one
+database, with the extension on every node) and leaves it so.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr
+from datetime import timedelta
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.dialects import postgresql
+from workerkit import LEDGER, ledger_table, rows, scalar, wait_until, worker_processes
+
+import sqlaq
+from sqlaq import admin, citus, migrations
+from sqlaq.queries import citus as citus_queries
+
+CITUS = os.environ.get("SQLAQ_CITUS_URL", "")
+needs_citus = pytest.mark.skipif(not CITUS, reason="SQLAQ_CITUS_URL is not set: run nox -s citus")
+pytestmark = pytest.mark.timeout(300)
+
+
+def _sqlaq(url: str, *args: str) -> tuple[int, str, str]:
+    """``sqlaq <args> --database-url <url>``: exit code, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stderr(err):
+        code = admin.run([*args, "--database-url", url], {}, out)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_citus_distribute_refuses_a_server_without_citus(database_url: str) -> None:
+    """On plain PostgreSQL: one line naming what is missing, exit 1, nothing changed."""
+    code, out, err = _sqlaq(database_url, "citus-distribute", "--dry-run")
+    assert code == 1, (out, err)
+    assert err.count("\n") == 1, err
+    assert "no Citus extension" in err
+    assert "Traceback" not in err
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            assert citus.is_distributed(conn) is False
+    finally:
+        engine.dispose()
+
+
+# -- on the cluster ----------------------------------------------------------------------
+
+
+def _reset(engine: Engine) -> None:
+    """Drop every sqlaq table and function (and the test ledger) of the public schema."""
+    with engine.begin() as conn:
+        tables = conn.execute(
+            text(
+                "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') "
+                "AND c.relname LIKE 'sqlaq\\_%'"
+            )
+        ).scalars()
+        for table in list(tables):
+            conn.execute(text(f'DROP TABLE IF EXISTS "{table}" CASCADE'))
+        functions = conn.execute(
+            text(
+                "SELECT p.oid::regprocedure::text FROM pg_proc p "
+                "JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = 'public' AND p.proname LIKE 'sqlaq\\_%'"
+            )
+        ).scalars()
+        for function in list(functions):
+            conn.execute(text(f"DROP FUNCTION IF EXISTS {function} CASCADE"))
+
+
+@pytest.fixture
+def installed() -> Iterator[Engine]:
+    """The cluster's database with sqlaq's schema at head (``sqlaq migrate``), not yet
+    distributed; emptied afterwards."""
+    engine = create_engine(CITUS)
+    _reset(engine)
+    try:
+        code, _, err = _sqlaq(CITUS, "migrate")
+        assert code == 0, err
+        yield engine
+    finally:
+        _reset(engine)
+        engine.dispose()
+
+
+@pytest.fixture
+def distributed(installed: Engine) -> Iterator[Engine]:
+    """*installed*, converted by ``sqlaq citus-distribute``; a new engine on it."""
+    code, _, err = _sqlaq(CITUS, "citus-distribute")
+    assert code == 0, err
+    engine = create_engine(CITUS, pool_size=8)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@needs_citus
+def test_distribute_dry_run_then_convert_then_again(installed: Engine) -> None:
+    """--dry-run prints the DDL and changes nothing; the conversion distributes the job
+    table by queue (and the paused queues as a reference table); a second run says so."""
+    code, out, err = _sqlaq(CITUS, "citus-distribute", "--dry-run")
+    assert code == 0, err
+    assert out.splitlines() == [f"{s};" for s in citus_queries.distribute_ddl()]
+    assert "create_distributed_table('sqlaq_jobs', 'queue')" in out
+    with installed.connect() as conn:
+        assert citus.is_distributed(conn) is False
+    code, out, err = _sqlaq(CITUS, "citus-distribute")
+    assert code == 0, err
+    assert "distributed by queue" in out
+    kinds = dict(rows(installed, "SELECT table_name::text, citus_table_type FROM citus_tables"))
+    assert kinds == {"sqlaq_jobs": "distributed", "sqlaq_paused_queues": "reference"}
+    column = scalar(
+        installed,
+        "SELECT distribution_column FROM citus_tables WHERE table_name = 'sqlaq_jobs'::regclass",
+    )
+    assert column == "queue"
+    # The engine that asked before keeps its answer until told to forget it.
+    with installed.connect() as conn:
+        assert citus.is_distributed(conn) is False
+    citus.forget(installed)
+    with installed.connect() as conn:
+        assert citus.is_distributed(conn) is True
+    code, out, err = _sqlaq(CITUS, "citus-distribute")
+    assert code == 0, err
+    assert "already distributed" in out
+
+
+@needs_citus
+def test_distribute_names_each_problem_in_one_line(installed: Engine) -> None:
+    """A host foreign key to sqlaq_jobs and a host trigger on it: one line each, exit 1,
+    nothing converted. A schema behind sqlaq's head: one line naming the fix."""
+    with installed.begin() as conn:
+        conn.execute(text("CREATE TABLE sqlaq_test_orders (id int, job_id bigint)"))
+        conn.execute(
+            text(
+                "ALTER TABLE sqlaq_test_orders ADD CONSTRAINT orders_job_fkey "
+                "FOREIGN KEY (job_id) REFERENCES sqlaq_jobs (id)"
+            )
+        )
+        conn.execute(
+            text(
+                "CREATE FUNCTION sqlaq_test_touch() RETURNS trigger LANGUAGE plpgsql "
+                "AS $$ BEGIN RETURN NEW; END $$"
+            )
+        )
+        conn.execute(
+            text(
+                "CREATE TRIGGER host_touch BEFORE UPDATE ON sqlaq_jobs "
+                "FOR EACH ROW EXECUTE FUNCTION sqlaq_test_touch()"
+            )
+        )
+    code, _, err = _sqlaq(CITUS, "citus-distribute")
+    assert code == 1
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert "foreign key orders_job_fkey of table sqlaq_test_orders" in lines[0]
+    assert "trigger host_touch" in lines[1]
+    with installed.connect() as conn:
+        assert conn.execute(citus_queries.citus_distribution_stmt()).first() is None
+    _reset(installed)
+    with installed.begin() as conn:
+        migrations.upgrade(conn, "sqlaq_0005")
+    code, _, err = _sqlaq(CITUS, "citus-distribute", "--dry-run")
+    assert code == 1
+    assert len(err.splitlines()) == 1, err
+    assert "alembic upgrade heads" in err
+
+
+def _tasks(conn: Any, stmt: Any, params: dict[str, Any]) -> int:
+    """How many tasks (shards) Citus runs *stmt* with *params* on: EXPLAIN's Task Count."""
+    compiled = stmt.compile(dialect=postgresql.dialect())
+    values = {**compiled.params, **params}
+    sql = str(compiled)
+    plan = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}", values).scalar_one()
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    node = plan[0]["Plan"]
+    assert node["Custom Plan Provider"] == "Citus Adaptive", node
+    return int(node["Distributed Query"]["Job"]["Task Count"])
+
+
+@needs_citus
+def test_the_core_path_runs_as_router_statements(distributed: Engine) -> None:
+    """Claim, extend, complete, fail, snooze, hand back: one task each (EXPLAIN)."""
+    lease = sqlaq.Lease(1, uuid4(), uuid4(), 1, None, "q1")  # type: ignore[arg-type]
+    fence = sqlaq.queries.fence_params([lease]) | {"b_queue": "q1"}
+    claim = citus_queries.citus_claim_params(
+        queue="q1", worker_id=uuid4(), limit=10, lease=timedelta(seconds=30), token=uuid4().hex
+    )
+    checks = [
+        (citus_queries.citus_claim_stmt(), claim),
+        (citus_queries.citus_extend_lease_stmt(), fence | {"b_lease": timedelta(seconds=30)}),
+        (citus_queries.citus_complete_stmt(), fence),
+        (citus_queries.citus_complete_result_stmt(), fence | {"b_result": "1"}),
+        (
+            citus_queries.citus_fail_stmt(),
+            fence | {"b_retry": True, "b_retry_in": timedelta(seconds=1), "b_error": "x"},
+        ),
+        (citus_queries.citus_snooze_stmt(), fence | {"b_delay": timedelta(seconds=1)}),
+        (citus_queries.citus_handback_stmt(), fence),
+    ]
+    with distributed.begin() as conn:
+        for stmt, params in checks:
+            assert _tasks(conn, stmt, params) == 1, str(stmt)
+
+
+@needs_citus
+def test_enqueue_claim_extend_complete_fail_on_the_cluster(distributed: Engine) -> None:
+    """The operations choose the Citus statements on their own; fencing holds."""
+    worker = uuid4()
+    with distributed.begin() as conn:
+        assert citus.is_distributed(conn) is True
+        ids = [sqlaq.enqueue(conn, "k", {"i": i}, queue=f"q{i % 2}").job_id for i in range(6)]
+    with distributed.begin() as conn:
+        claimed = sqlaq.claim(conn, worker_id=worker, queue="q0", limit=10)
+    assert sorted(j.id for j in claimed) == ids[0::2]
+    assert {j.lease.queue for j in claimed} == {"q0"}
+    assert len({j.lease.token for j in claimed}) == 3
+    first, second, third = claimed
+    with distributed.begin() as conn:
+        renewed = sqlaq.extend_lease(conn, [first.lease, second.lease], length=timedelta(minutes=5))
+        assert [r.job_id for r in renewed] == [first.id, second.id]
+        assert all(r.queue == "q0" for r in renewed)
+        assert sqlaq.complete(conn, renewed[0]) == [first.id]
+        assert sqlaq.fail(conn, second.lease, "boom", retry_in=timedelta(0)) == "queued"
+        assert sqlaq.ops.handback(conn, third.lease) == [third.id]
+    # The lease of the first claim is stale: the job went back to its queue.
+    with distributed.begin() as conn, pytest.raises(sqlaq.LeaseLostError):
+        sqlaq.complete(conn, second.lease)
+    with distributed.begin() as conn:
+        again = sqlaq.claim(conn, worker_id=worker, queue="q0", limit=10)
+    assert sorted(j.id for j in again) == sorted([second.id, third.id])
+    assert {j.lease.token for j in again}.isdisjoint({second.lease.token, third.lease.token})
+    with distributed.begin() as conn:
+        assert sorted(sqlaq.complete(conn, [j.lease for j in again])) == sorted(
+            [second.id, third.id]
+        )
+    statuses = dict(rows(distributed, "SELECT id, status FROM sqlaq_jobs WHERE queue = 'q0'"))
+    assert set(statuses.values()) == {"done"}
+    assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs WHERE queue = 'q1'") == 3
+
+
+@needs_citus
+def test_what_does_not_run_on_citus_yet_refuses_in_one_line(distributed: Engine) -> None:
+    """Each refusal is a ConfigError naming Citus and why; the transaction stays usable."""
+    with distributed.begin() as conn:
+        job = sqlaq.enqueue(conn, "k", queue="q").job_id
+        for call in (
+            lambda: sqlaq.enqueue(
+                conn, "k", queue="q", debounce=timedelta(seconds=1), debounce_key="a"
+            ),
+            lambda: sqlaq.enqueue(
+                conn, "k", queue="q", dedupe_key="a", unique_for=timedelta(seconds=1)
+            ),
+            lambda: sqlaq.enqueue(conn, "k", queue="q", after=[job]),
+            lambda: sqlaq.claim(conn, worker_id=uuid4(), queue="q", where=sqlaq.jobs.c.kind == "k"),
+            lambda: sqlaq.complete(conn, sqlaq.Lease(job, uuid4(), uuid4(), 1, None)),  # type: ignore[arg-type]
+        ):
+            with pytest.raises(sqlaq.ConfigError, match="Citus") as caught:
+                call()
+            assert "\n" not in str(caught.value)
+        assert scalar(distributed, "SELECT 1") == 1
+
+
+@needs_citus
+@pytest.mark.timeout(600)
+def test_two_worker_processes_drain_every_job_exactly_once(distributed: Engine) -> None:
+    """N jobs over four queues, two worker processes serving all four: every job done,
+    each run once (the ledger), none left queued or running."""
+    total, queues = 2000, ["a", "b", "c", "d"]
+    with contextmanager(ledger_table)(distributed):
+        with distributed.begin() as conn:
+            for index, queue in enumerate(queues):
+                share = range(index, total, len(queues))
+                sqlaq.enqueue_many(conn, [sqlaq.NewJob("record", queue=queue) for _ in share])
+        assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs") == total
+        with worker_processes(CITUS) as start:
+            began = time.monotonic()
+            args = ["--queue", ",".join(queues), "--concurrency", "20", "--no-maintenance"]
+            workers = [start(*args, "--log-level", "warning") for _ in range(2)]
+
+            def drained() -> bool:
+                done = "SELECT count(*) FROM sqlaq_jobs WHERE status = 'done'"
+                return scalar(distributed, done) == total or not all(w.alive() for w in workers)
+
+            wait_until(
+                drained,
+                timeout=480,
+                message=f"{total} jobs done",
+                interval=0.2,
+            )
+            elapsed = time.monotonic() - began
+            assert all(w.alive() for w in workers), [w.output()[-3000:] for w in workers]
+            for w in workers:
+                w.signal(signal.SIGTERM)
+            for w in workers:
+                assert w.wait(60) == 0, w.output()[-3000:]
+        counts = dict(rows(distributed, "SELECT status, count(*) FROM sqlaq_jobs GROUP BY 1"))
+        assert counts == {"done": total}, counts
+        runs = rows(distributed, f"SELECT job_id, count(*) FROM {LEDGER} GROUP BY 1")
+        assert len(runs) == total
+        assert {count for _, count in runs} == {1}
+        pids = scalar(distributed, f"SELECT count(DISTINCT pid) FROM {LEDGER}")
+        assert pids >= 2  # both workers ran jobs
+        print(f"Citus drain: {total} jobs, 4 queues, 2 workers: {elapsed:.1f} s")
