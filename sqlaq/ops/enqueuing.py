@@ -20,6 +20,7 @@ from sqlaq.errors import ConfigError, InvalidJobError
 from sqlaq.ops._citus import DISTRIBUTED
 from sqlaq.ops._common import DEFAULT_LEASE
 from sqlaq.ops._links import check_after, check_policy, link, mark_parents
+from sqlaq.queries import citus as citus_queries
 from sqlaq.queries.columns import copy_row
 from sqlaq.records import EnqueueOutcome, EnqueueResult
 from sqlaq.schema import (
@@ -38,6 +39,12 @@ _DEDUPE_ROUNDS = 5
 _ENQUEUE = queries.enqueue_stmt(job=NewJob("_"))
 
 _ENQUEUE_DEDUPE = queries.enqueue_stmt(job=NewJob("_", dedupe_key="_"))
+
+# On Citus: ON CONFLICT names the per-queue dedupe index; the twin is looked up in the
+# job's queue.
+_CITUS_ENQUEUE_DEDUPE = queries.enqueue_stmt(job=NewJob("_", dedupe_key="_"), per_queue=True)
+
+_CITUS_FIND_TWIN = citus_queries.citus_find_pending_duplicate_stmt()
 
 _ENQUEUE_DEBOUNCE = queries.debounce_enqueue_stmt(
     job=NewJob("_"), debounce_key="_", debounce=DEFAULT_LEASE
@@ -154,12 +161,21 @@ def enqueue(
     if unique_for is not None:
         return (yield from _enqueue_unique(job.kind, job.dedupe_key, params, unique_for))
     for _ in range(_DEDUPE_ROUNDS):
-        inserted = yield _ENQUEUE_DEDUPE, params
+        inserted = yield (_CITUS_ENQUEUE_DEDUPE if citus else _ENQUEUE_DEDUPE), params
         job_id = inserted.scalar_one_or_none()
         if job_id is not None:
+            if citus:
+                yield from _citus_wake([job])
             return EnqueueResult(job_id)
-        find = queries.find_pending_duplicate_stmt(kind=job.kind, dedupe_key=job.dedupe_key)
-        twin = (yield find, None).scalar_one_or_none()
+        if citus:
+            find, values = (
+                _CITUS_FIND_TWIN,
+                {"b_queue": job.queue, "b_kind": job.kind, "b_dedupe_key": job.dedupe_key},
+            )
+        else:
+            find = queries.find_pending_duplicate_stmt(kind=job.kind, dedupe_key=job.dedupe_key)
+            values = None
+        twin = (yield find, values).scalar_one_or_none()
         if twin is not None:
             return EnqueueResult(twin, duplicate=True)
     raise RuntimeError(  # pragma: no cover - needs a pathological race to reach
@@ -179,8 +195,6 @@ def _citus_check(
         why = "unique_for holds its key in sqlaq_unique_holds, a coordinator table"
     elif after is not None:
         why = "workflows (after=) need the dependency trigger, refused on a distributed table"
-    elif job.dedupe_key is not None:
-        why = "dedupe keys are unique per queue there, and the per-queue upsert is not built yet"
     if why is not None:
         raise ConfigError(f"enqueue is not supported on Citus (sqlaq_jobs is distributed): {why}")
 
@@ -340,16 +354,20 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
     if not batch:
         return []
     if (yield DISTRIBUTED):
-        for job in batch:
-            _citus_check(job, debounced=False, unique_for=None, after=None)
-        done = yield from _enqueue_many(batch)
+        if any(job.dedupe_key is not None for job in batch):
+            raise ConfigError(
+                "enqueue_many with dedupe keys is not supported on Citus (sqlaq_jobs is "
+                "distributed): keys are unique per queue there, and a batch's duplicates are "
+                "resolved across queues; enqueue those jobs one by one"
+            )
+        done = yield from _enqueue_many(batch, per_queue=True)
         yield from _citus_wake(batch)
         return done
     return (yield from _enqueue_many(batch))
 
 
-def _enqueue_many(batch: list[NewJob]) -> Plan[list[EnqueueResult]]:
-    """enqueue_many's insert of checked, non-empty *batch*."""
+def _enqueue_many(batch: list[NewJob], *, per_queue: bool = False) -> Plan[list[EnqueueResult]]:
+    """enqueue_many's insert of checked, non-empty *batch* (*per_queue*: on Citus)."""
     shape = _SHAPE(batch[0])
     if shape[_SHAPE_DEDUPE_KEY] is None and all(map(shape.__eq__, map(_SHAPE, batch))):
         # The common batch: jobs that differ only in their payload, none with a dedupe
@@ -358,7 +376,8 @@ def _enqueue_many(batch: list[NewJob]) -> Plan[list[EnqueueResult]]:
         return (yield from _enqueue_uniform(batch[0], payloads_json, len(batch)))
     headers = tracing.capture()
     # Identity values are drawn in input order, so sorted ids line up with the input.
-    inserted = yield queries.enqueue_many_stmt(jobs_=batch, headers=headers), None
+    stmt = queries.enqueue_many_stmt(jobs_=batch, headers=headers, per_queue=per_queue)
+    inserted = yield stmt, None
     rows = sorted(inserted.all(), key=lambda r: r[0])
     inserted = iter(rows)
     results: list[EnqueueResult | None] = []

@@ -15,6 +15,7 @@ from sqlaq.encoding import (
     check_duration,
 )
 from sqlaq.errors import ConfigError, shown
+from sqlaq.ops._citus import refuse
 from sqlaq.ops._common import DEFAULT_PRUNE_BATCH, _check_positive, _ids
 from sqlaq.records import PruneResult, RetryResult, SkippedRetry
 from sqlaq.schema import (
@@ -48,6 +49,7 @@ def retry(job_ids: int | Iterable[int]) -> Plan[RetryResult]:
         carries what was skipped and why).
     """
     ids = _ids(job_ids)
+    yield from refuse("retry", _BY_ID)
     if not ids:
         return RetryResult()
     outcome = yield Savepoint(queries.retry_stmt(job_ids=ids))
@@ -119,6 +121,7 @@ def cancel(job_ids: int | Iterable[int]) -> Plan[list[int]]:
     ids = _ids(job_ids)
     if not ids:
         return []
+    yield from refuse("cancel", _BY_ID)
     return list((yield queries.cancel_stmt(job_ids=ids), None).scalars())
 
 
@@ -146,8 +149,19 @@ def sweep(*, limit: int = DEFAULT_PRUNE_BATCH) -> Plan[int]:
         ConfigError: *limit* is not a positive int.
     """
     _check_positive("limit", limit)
+    yield from refuse(
+        "sweep",
+        "it ends expired leases of every queue under FOR UPDATE, which Citus runs only on one "
+        "shard; there the claim itself takes an expired lease of its queue back",
+    )
     return len((yield queries.sweep_stmt(limit=limit), None).all())
 
+
+# Why retry and cancel refuse on Citus.
+_BY_ID = (
+    "it locks jobs by id across every queue (FOR UPDATE), which Citus runs only on one shard; "
+    "a retry or cancel by (queue, id) is not built yet"
+)
 
 # A reference committed after a prune's snapshot can still fail its foreign-key check
 # (which looks at the latest rows); the batch is then tried again, this many times.
@@ -196,6 +210,11 @@ def prune(
             )
         wanted.add(value)
     _check_positive("limit", limit)
+    yield from refuse(
+        "prune",
+        "it deletes finished jobs of every queue under FOR UPDATE, which Citus runs only on one "
+        "shard; a per-queue prune is not built yet",
+    )
     keys = yield queries.blocking_references_stmt(), None
     spare = [queries.Reference(*row) for row in keys]
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit, spare=spare)

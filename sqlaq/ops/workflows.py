@@ -13,6 +13,7 @@ from sqlaq import queries
 from sqlaq.drive import Plan, operation, plan_of
 from sqlaq.encoding import NewJob
 from sqlaq.errors import InvalidJobError
+from sqlaq.ops._citus import DISTRIBUTED, refuse
 from sqlaq.ops._links import RELEASE_BATCH, check_after, check_policy, link, mark_parents
 from sqlaq.ops.enqueuing import enqueue_many
 from sqlaq.records import ParentResult, Workflow
@@ -39,6 +40,13 @@ def _check_job(job: object, what: str) -> NewJob:
     return job
 
 
+# Why workflows refuse on Citus.
+_NO_TRIGGER = (
+    "a parent's dependency trigger releases its children, and Citus refuses triggers on a "
+    "distributed table"
+)
+
+
 def _shape(
     jobs: Sequence[NewJob],
     edges: Sequence[tuple[int, int]],
@@ -50,6 +58,7 @@ def _shape(
     (indexes) wait for *after* too. Returns the jobs' ids, in order."""
     policy = check_policy(on_parent_failure)
     external = check_after(after) if after is not None else []
+    yield from refuse("workflows", _NO_TRIGGER)
     statuses = yield from mark_parents(external)
     if not jobs:
         return []
@@ -225,6 +234,8 @@ def release_waiting(
     Returns:
         The ids of the jobs released (now due).
     """
+    if (yield DISTRIBUTED):
+        return []  # no job waits there: workflows refuse (see _shape)
     if job_ids is not None:
         ids = list(job_ids)
         if not ids:

@@ -34,6 +34,7 @@ from sqlalchemy import (
     Boolean,
     Integer,
     Interval,
+    Select,
     Text,
     TextClause,
     Update,
@@ -53,6 +54,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
 from sqlaq.queries._common import _NOW, _PENDING, _RUNNING, _expired_error, _status, c
 from sqlaq.queries.columns import CLAIM_COLUMNS
+from sqlaq.queries.enqueue import find_pending_duplicate_stmt
 from sqlaq.queries.settle import _fence, _requeued
 from sqlaq.schema import (
     DEBOUNCE_INDEX,
@@ -140,6 +142,14 @@ def distribute_ddl(*, triggers: Collection[str] = JOB_TRIGGERS) -> list[str]:
     ddl += [f"SELECT create_reference_table('{name}')" for name in REFERENCE_TABLES]
     ddl.append(f"SELECT create_distributed_table('{TABLE_NAME}', '{DISTRIBUTION_COLUMN}')")
     return ddl
+
+
+def citus_find_pending_duplicate_stmt() -> Select[Any]:
+    """:func:`sqlaq.queries.find_pending_duplicate_stmt` within one queue (dedupe is per
+    queue on Citus): the pending job holding ``(queue, kind, dedupe_key)``; bind
+    ``b_queue``, ``b_kind``, ``b_dedupe_key``."""
+    found: Select[Any] = find_pending_duplicate_stmt(kind="_", dedupe_key="_")
+    return found.where(c.queue == bindparam("b_queue", "_", Text))
 
 
 # -- router-shaped statements -------------------------------------------------------------
@@ -353,6 +363,7 @@ __all__ = [
     "citus_distribution_stmt",
     "citus_extend_lease_stmt",
     "citus_fail_stmt",
+    "citus_find_pending_duplicate_stmt",
     "citus_handback_stmt",
     "citus_snooze_stmt",
     "citus_version_stmt",

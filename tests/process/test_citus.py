@@ -23,13 +23,15 @@ from datetime import timedelta
 from typing import Any
 from uuid import uuid4
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import make_url
 from workerkit import LEDGER, ledger_table, rows, scalar, wait_until, worker_processes
 
 import sqlaq
-from sqlaq import admin, citus, migrations
+from sqlaq import admin, citus, migrations, results
 from sqlaq.queries import citus as citus_queries
 
 CITUS = os.environ.get("SQLAQ_CITUS_URL", "")
@@ -273,11 +275,75 @@ def test_what_does_not_run_on_citus_yet_refuses_in_one_line(distributed: Engine)
             lambda: sqlaq.enqueue(conn, "k", queue="q", after=[job]),
             lambda: sqlaq.claim(conn, worker_id=uuid4(), queue="q", where=sqlaq.jobs.c.kind == "k"),
             lambda: sqlaq.complete(conn, sqlaq.Lease(job, uuid4(), uuid4(), 1, None)),  # type: ignore[arg-type]
+            lambda: sqlaq.enqueue_many(conn, [sqlaq.NewJob("k", queue="q", dedupe_key="a")]),
+            lambda: sqlaq.retry(conn, job),
+            lambda: sqlaq.cancel(conn, job),
+            lambda: sqlaq.ops.sweep(conn),
+            lambda: sqlaq.prune(conn, older_than=timedelta(0)),
+            lambda: sqlaq.chain(conn, [sqlaq.NewJob("k"), sqlaq.NewJob("k")]),
         ):
             with pytest.raises(sqlaq.ConfigError, match="Citus") as caught:
                 call()
             assert "\n" not in str(caught.value)
         assert scalar(distributed, "SELECT 1") == 1
+
+
+@needs_citus
+def test_enqueue_variants_wake_the_coordinator_s_listeners(distributed: Engine) -> None:
+    """Single, batch, mixed batch, COPY and dedupe (per queue) enqueues work, and each
+    wakes the workers of its queues: a NOTIFY heard on the coordinator."""
+    url = make_url(CITUS).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN sqlaq_jobs")
+        with distributed.begin() as conn:
+            sqlaq.enqueue(conn, "k", queue="one")
+            sqlaq.enqueue(conn, "k", queue="later", delay=timedelta(hours=1))
+            batch = sqlaq.enqueue_many(
+                conn, sqlaq.NewJob("k", queue="batch").with_payloads([{}] * 3)
+            )
+            mixed = [sqlaq.NewJob("k", queue=f"m{i % 3}", priority=i) for i in range(9)]
+            results = sqlaq.enqueue_many(conn, mixed)
+            sqlaq.enqueue_copy(conn, [sqlaq.NewJob("k", queue="copy")] * 4)
+            first = sqlaq.enqueue(conn, "k", queue="d1", dedupe_key="key")
+            twin = sqlaq.enqueue(conn, "k", queue="d1", dedupe_key="key")
+            other = sqlaq.enqueue(conn, "k", queue="d2", dedupe_key="key")
+        heard = {n.payload for n in listener.notifies(timeout=2, stop_after=50)}
+    assert heard == {"one", "batch", "m0", "m1", "m2", "copy", "d1", "d2"}
+    assert len(batch) == 3
+    # Results come back in input order: each job's row has its own priority.
+    priorities = dict(rows(distributed, "SELECT id, priority FROM sqlaq_jobs"))
+    assert [priorities[r.job_id] for r in results] == list(range(9))
+    assert twin.duplicate
+    assert twin.job_id == first.job_id
+    assert not other.duplicate
+    assert other.job_id != first.job_id
+    assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs") == 1 + 1 + 3 + 9 + 4 + 2
+
+
+@needs_citus
+def test_limited_claim_pause_and_results_on_the_cluster(distributed: Engine) -> None:
+    """claim_limited (lock and rate log on the coordinator), pause (a reference table),
+    complete_with_result and result."""
+    worker = uuid4()
+    with distributed.begin() as conn:
+        for _ in range(4):
+            sqlaq.enqueue(conn, "limited", queue="lq")
+        assert sqlaq.pause(conn, "lq")
+    with distributed.begin() as conn:
+        assert sqlaq.claim_limited(conn, worker_id=worker, kind="limited", queue="lq").jobs == []
+        assert sqlaq.resume(conn, "lq")
+    with distributed.begin() as conn:
+        claimed = sqlaq.claim_limited(
+            conn, worker_id=worker, kind="limited", queue="lq", limit=4, concurrency=2
+        )
+    assert len(claimed.jobs) == 2
+    job = claimed.jobs[0]
+    with distributed.begin() as conn:
+        assert results.complete_with_result(conn, job.lease, results.encode_result({"n": 1}))
+    with distributed.begin() as conn:
+        outcome = sqlaq.result(conn, job.id)
+    assert outcome.status == "done"
+    assert outcome.result == {"n": 1}
 
 
 @needs_citus
