@@ -46,7 +46,7 @@ from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from sqlaq import citus, ops, queries
+from sqlaq import ops, queries
 from sqlaq.config import WorkerConfig
 from sqlaq.option import PrepareThreshold
 from sqlaq.periodic import Periodic, enqueue_periodic
@@ -57,9 +57,6 @@ __all__ = ["LEADER_APPLICATION_NAME", "Maintenance", "direct_engine"]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# What this process said once already ("citus": the leader skips sweep and prune there).
-_NOTICED: set[str] = set()
 
 #: Rows per retention or sweep statement; each batch commits on its own.
 BATCH = 1000
@@ -257,18 +254,12 @@ class Maintenance:
         if conn is None:
             return
         try:
-            swept = pruned = 0
-            if citus.is_distributed(conn):
-                # On Citus the sweep and the prune refuse (they lock rows of every queue):
-                # the claim takes an expired lease of its queue back; retention waits.
-                self._citus_notice()
-            else:
-                swept = self._in_batches(conn, lambda: ops.sweep(conn, limit=BATCH))
-                # Waiting jobs whose parents all finished but no check released (a crash
-                # between a parent's commit and its check, a lost notification).
-                swept += self._in_batches(conn, lambda: len(ops.release_waiting(conn, limit=BATCH)))
-                pruned = self._prune(conn, self._retain_done, {JobStatus.DONE, JobStatus.CANCELLED})
-                pruned += self._prune(conn, self._retain_failed, {JobStatus.FAILED})
+            swept = self._in_batches(conn, lambda: ops.sweep(conn, limit=BATCH))
+            # Waiting jobs whose parents all finished but no check released (a crash
+            # between a parent's commit and its check, a lost notification).
+            swept += self._in_batches(conn, lambda: len(ops.release_waiting(conn, limit=BATCH)))
+            pruned = self._prune(conn, self._retain_done, {JobStatus.DONE, JobStatus.CANCELLED})
+            pruned += self._prune(conn, self._retain_failed, {JobStatus.FAILED})
             stale = timedelta(seconds=STALE_INTERVALS * self._interval)
             gone = conn.execute(queries.prune_workers_stmt(older_than=stale)).all()
             conn.commit()
@@ -287,15 +278,6 @@ class Maintenance:
         )
         for (worker_id,) in gone:
             _log.info("stale worker row deleted", extra={"stale_worker_id": str(worker_id)})
-
-    def _citus_notice(self) -> None:
-        """Say once per process that the leader neither sweeps nor prunes on Citus."""
-        if not _NOTICED:
-            _NOTICED.add("citus")
-            _log.warning(
-                "sqlaq_jobs is distributed on Citus: the maintenance leader does not sweep "
-                "expired leases (claims take them back) nor prune finished jobs there yet"
-            )
 
     def _prune(
         self, conn: Connection, older_than: timedelta | None, statuses: set[JobStatus]

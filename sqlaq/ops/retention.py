@@ -15,8 +15,9 @@ from sqlaq.encoding import (
     check_duration,
 )
 from sqlaq.errors import ConfigError, shown
-from sqlaq.ops._citus import refuse
+from sqlaq.ops._citus import DISTRIBUTED, refuse
 from sqlaq.ops._common import DEFAULT_PRUNE_BATCH, _check_positive, _ids
+from sqlaq.queries import citus as citus_queries
 from sqlaq.records import PruneResult, RetryResult, SkippedRetry
 from sqlaq.schema import (
     FINISHED_STATUSES,
@@ -121,8 +122,30 @@ def cancel(job_ids: int | Iterable[int]) -> Plan[list[int]]:
     ids = _ids(job_ids)
     if not ids:
         return []
-    yield from refuse("cancel", _BY_ID)
+    if (yield DISTRIBUTED):
+        return (yield from _citus_cancel(ids))
     return list((yield queries.cancel_stmt(job_ids=ids), None).scalars())
+
+
+def _citus_cancel(ids: list[int]) -> Plan[list[int]]:
+    """cancel on Citus: find each pending job's queue (every shard, no lock), cancel them
+    queue by queue (a router statement that locks and checks again), then tell the
+    workers of the running ones from the coordinator."""
+    found = (yield citus_queries.citus_locate_stmt(), {"b_ids": ids}).all()
+    by_queue: dict[str, list[int]] = {}
+    for job_id, queue in found:
+        by_queue.setdefault(queue, []).append(job_id)
+    cancelled: list[int] = []
+    running: list[str] = []
+    for queue, queued_ids in by_queue.items():
+        rows = yield _CITUS_CANCEL, {"b_queue": queue, "b_ids": queued_ids}
+        for job_id, was in rows.all():
+            cancelled.append(job_id)
+            if was == JobStatus.RUNNING:
+                running.append(str(job_id))
+    if running:
+        (yield _CITUS_NOTIFY_CANCEL, {"b_ids": running}).all()
+    return sorted(cancelled)
 
 
 @operation
@@ -149,19 +172,39 @@ def sweep(*, limit: int = DEFAULT_PRUNE_BATCH) -> Plan[int]:
         ConfigError: *limit* is not a positive int.
     """
     _check_positive("limit", limit)
-    yield from refuse(
-        "sweep",
-        "it ends expired leases of every queue under FOR UPDATE, which Citus runs only on one "
-        "shard; there the claim itself takes an expired lease of its queue back",
-    )
+    if (yield DISTRIBUTED):
+        found = yield citus_queries.citus_expired_stmt(), {"b_limit": limit}
+        return (yield from _per_queue(found.all(), _CITUS_SWEEP, {}))
     return len((yield queries.sweep_stmt(limit=limit), None).all())
 
 
-# Why retry and cancel refuse on Citus.
+def _per_queue(found: Any, stmt: Any, params: dict[str, Any]) -> Plan[int]:
+    """Run *stmt* (bound by ``b_queue`` and ``b_ids``) for the ``(id, queue)`` rows
+    *found*, one queue at a time (a router statement each, on Citus); rows changed."""
+    by_queue: dict[str, list[int]] = {}
+    for job_id, queue in found:
+        by_queue.setdefault(queue, []).append(job_id)
+    changed = 0
+    for queue, ids in by_queue.items():
+        rows = yield stmt, params | {"b_queue": queue, "b_ids": ids}
+        changed += len(rows.all())
+    return changed
+
+
+# Why retry refuses on Citus.
 _BY_ID = (
-    "it locks jobs by id across every queue (FOR UPDATE), which Citus runs only on one shard; "
-    "a retry or cancel by (queue, id) is not built yet"
+    "it locks jobs by id across every queue (FOR UPDATE) and checks their keys' holders "
+    "there, which Citus runs only on one shard; a retry by queue is not built yet"
 )
+
+# On Citus (sqlaq_jobs distributed by queue): one queue at a time.
+_CITUS_CANCEL = citus_queries.citus_cancel_stmt()
+
+_CITUS_NOTIFY_CANCEL = citus_queries.citus_notify_cancel_stmt()
+
+_CITUS_SWEEP = citus_queries.citus_sweep_stmt()
+
+_CITUS_PRUNE = citus_queries.citus_prune_stmt()
 
 # A reference committed after a prune's snapshot can still fail its foreign-key check
 # (which looks at the latest rows); the batch is then tried again, this many times.
@@ -210,11 +253,11 @@ def prune(
             )
         wanted.add(value)
     _check_positive("limit", limit)
-    yield from refuse(
-        "prune",
-        "it deletes finished jobs of every queue under FOR UPDATE, which Citus runs only on one "
-        "shard; a per-queue prune is not built yet",
-    )
+    if (yield DISTRIBUTED):
+        # No host foreign key references a distributed table: nothing to spare.
+        which = {"b_older_than": older_than, "b_statuses": sorted(wanted)}
+        found = yield citus_queries.citus_prunable_stmt(), which | {"b_limit": limit}
+        return PruneResult((yield from _per_queue(found.all(), _CITUS_PRUNE, which)))
     keys = yield queries.blocking_references_stmt(), None
     spare = [queries.Reference(*row) for row in keys]
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit, spare=spare)

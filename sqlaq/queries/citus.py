@@ -28,6 +28,7 @@ this module runs (``tests/unit/test_sql_snapshot.py`` pins their SQL).
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -42,6 +43,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    delete,
     func,
     literal_column,
     null,
@@ -51,12 +53,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.sql.dml import ReturningDelete
 
-from sqlaq.queries._common import _NOW, _PENDING, _RUNNING, _expired_error, _status, c
+from sqlaq.queries._common import _IDS, _NOW, _PENDING, _RUNNING, _expired_error, _status, c
 from sqlaq.queries.columns import CLAIM_COLUMNS
 from sqlaq.queries.enqueue import find_pending_duplicate_stmt
+from sqlaq.queries.retention import _prunable
 from sqlaq.queries.settle import _fence, _requeued
 from sqlaq.schema import (
+    CANCEL_CHANNEL,
     DEBOUNCE_INDEX,
     DEBOUNCE_SQL,
     DEDUPE_INDEX,
@@ -352,20 +357,136 @@ def citus_handback_stmt() -> Update:
     return _pinned(update(jobs).where(_fence([])).values(_requeued(_NOW)).returning(c.id))
 
 
+# -- cancel, sweep, prune: find the rows (no lock, every shard), then one queue at a time --
+
+
+def citus_locate_stmt() -> Select[Any]:
+    """``SELECT id, queue FROM sqlaq_jobs WHERE id = ANY(:b_ids) AND status IN ('queued',
+    'running')``: which queue each pending job of *b_ids* is in (read on every shard,
+    without a lock; the per-queue statement locks and checks again)."""
+    return select(c.id, c.queue).where(c.id == func.any(bindparam("b_ids", [], _IDS)), _PENDING)
+
+
+def citus_cancel_stmt() -> Update:
+    """:func:`sqlaq.queries.cancel_stmt` for the jobs *b_ids* of queue *b_queue*, without
+    its ``pg_notify`` (sent from the coordinator by :func:`citus_notify_cancel_stmt`).
+    Renders::
+
+        WITH was AS MATERIALIZED (
+            SELECT id, status FROM sqlaq_jobs WHERE queue = :b_queue AND id = ANY(:b_ids)
+              AND status IN ('queued', 'running') FOR UPDATE)
+        UPDATE sqlaq_jobs SET status = 'cancelled', finished_at = now(), lease_token = NULL
+        FROM was WHERE sqlaq_jobs.queue = :b_queue AND sqlaq_jobs.id = was.id
+        RETURNING sqlaq_jobs.id, was.status
+    """
+    queue_ = bindparam("b_queue", "_", Text)
+    was = (
+        select(c.id, c.status)
+        .where(c.queue == queue_, c.id == func.any(bindparam("b_ids", [], _IDS)), _PENDING)
+        .with_for_update()
+        .cte("was")
+        .prefix_with("MATERIALIZED")
+    )
+    return (
+        update(jobs)
+        .where(c.queue == queue_, c.id == was.c.id)
+        .values(status=_status(JobStatus.CANCELLED), finished_at=_NOW, lease_token=null())
+        .returning(c.id, was.c.status.label("was"))
+    )
+
+
+def citus_notify_cancel_stmt() -> Select[Any]:
+    """``SELECT pg_notify('sqlaq_cancel', id) FROM unnest(:b_ids) AS id``: tell the
+    workers running the cancelled jobs *b_ids* (text), from the coordinator."""
+    ids = func.unnest(bindparam("b_ids", [], ARRAY(Text))).table_valued("id").render_derived("ids")
+    channel = literal_column(f"'{CANCEL_CHANNEL}'", Text)
+    return select(func.pg_notify(channel, ids.c.id)).select_from(ids)
+
+
+def citus_expired_stmt() -> Select[Any]:
+    """``SELECT id, queue FROM sqlaq_jobs WHERE status = 'running' AND run_at <= now()
+    LIMIT :b_limit``: expired leases, read on every shard through the running index."""
+    return (
+        select(c.id, c.queue)
+        .where(_RUNNING, c.run_at <= _NOW)
+        .limit(bindparam("b_limit", 1, Integer))
+    )
+
+
+def citus_sweep_stmt() -> Update:
+    """:func:`sqlaq.queries.sweep_stmt` for the jobs *b_ids* of queue *b_queue* (found by
+    :func:`citus_expired_stmt`), their expiry checked again under the row lock, the clock
+    from a CTE (no ``now()`` inside CASE on Citus); ``RETURNING id, status``."""
+    queue_ = bindparam("b_queue", "_", Text)
+    clock = select(_NOW.label("t"), queue_.label("q")).cte("clock")
+    exhausted = c.attempts >= c.max_attempts
+    return (
+        update(jobs)
+        .where(
+            c.queue == clock.c.q,
+            c.queue == queue_,
+            c.id == func.any(bindparam("b_ids", [], _IDS)),
+            _RUNNING,
+            c.run_at <= clock.c.t,
+        )
+        .values(
+            status=case((exhausted, _status(JobStatus.FAILED)), else_=_status(JobStatus.QUEUED)),
+            finished_at=case((exhausted, clock.c.t), else_=null()),
+            run_at=case((exhausted, c.run_at), else_=clock.c.t),
+            locked_by=null(),
+            lease_token=null(),
+            last_error=case((exhausted, _expired_error()), else_=_expired_error("queued again")),
+        )
+        .returning(c.id, c.status)
+    )
+
+
+def citus_prunable_stmt() -> Select[Any]:
+    """``SELECT id, queue FROM sqlaq_jobs WHERE <prunable> LIMIT :b_limit``: finished jobs
+    older than *b_older_than* of *b_statuses*, read on every shard through the finished
+    index, without a lock."""
+    return (
+        select(c.id, c.queue)
+        .where(_prunable(timedelta(0), ()))
+        .limit(bindparam("b_limit", 1, Integer))
+    )
+
+
+def citus_prune_stmt() -> ReturningDelete[Any]:
+    """Delete the jobs *b_ids* of queue *b_queue* that are still prunable (checked again
+    under the row lock: a job retried meanwhile stays); ``RETURNING id``."""
+    return (
+        delete(jobs)
+        .where(
+            c.queue == bindparam("b_queue", "_", Text),
+            c.id == func.any(bindparam("b_ids", [], _IDS)),
+            _prunable(timedelta(0), ()),
+        )
+        .returning(c.id)
+    )
+
+
 __all__ = [
     "DISTRIBUTION_COLUMN",
     "JOB_TRIGGERS",
     "REFERENCE_TABLES",
+    "citus_cancel_stmt",
     "citus_claim_params",
     "citus_claim_stmt",
     "citus_complete_result_stmt",
     "citus_complete_stmt",
     "citus_distribution_stmt",
+    "citus_expired_stmt",
     "citus_extend_lease_stmt",
     "citus_fail_stmt",
     "citus_find_pending_duplicate_stmt",
     "citus_handback_stmt",
+    "citus_locate_stmt",
+    "citus_notify_cancel_stmt",
+    "citus_prunable_stmt",
+    "citus_prune_stmt",
     "citus_snooze_stmt",
+    "citus_sweep_stmt",
     "citus_version_stmt",
     "distribute_ddl",
     "foreign_keys_to_jobs_stmt",

@@ -201,7 +201,8 @@ def _tasks(conn: Any, stmt: Any, params: dict[str, Any]) -> int:
 
 @needs_citus
 def test_the_core_path_runs_as_router_statements(distributed: Engine) -> None:
-    """Claim, extend, complete, fail, snooze, hand back: one task each (EXPLAIN)."""
+    """Claim, extend, complete, fail, snooze, hand back, and the per-queue cancel, sweep
+    and prune: one task each (EXPLAIN)."""
     lease = sqlaq.Lease(1, uuid4(), uuid4(), 1, None, "q1")  # type: ignore[arg-type]
     fence = sqlaq.queries.fence_params([lease]) | {"b_queue": "q1"}
     claim = citus_queries.citus_claim_params(
@@ -218,6 +219,12 @@ def test_the_core_path_runs_as_router_statements(distributed: Engine) -> None:
         ),
         (citus_queries.citus_snooze_stmt(), fence | {"b_delay": timedelta(seconds=1)}),
         (citus_queries.citus_handback_stmt(), fence),
+        (citus_queries.citus_cancel_stmt(), {"b_queue": "q1", "b_ids": [1, 2]}),
+        (citus_queries.citus_sweep_stmt(), {"b_queue": "q1", "b_ids": [1, 2]}),
+        (
+            citus_queries.citus_prune_stmt(),
+            {"b_queue": "q1", "b_ids": [1], "b_older_than": timedelta(0), "b_statuses": ["done"]},
+        ),
     ]
     with distributed.begin() as conn:
         for stmt, params in checks:
@@ -277,9 +284,6 @@ def test_what_does_not_run_on_citus_yet_refuses_in_one_line(distributed: Engine)
             lambda: sqlaq.complete(conn, sqlaq.Lease(job, uuid4(), uuid4(), 1, None)),  # type: ignore[arg-type]
             lambda: sqlaq.enqueue_many(conn, [sqlaq.NewJob("k", queue="q", dedupe_key="a")]),
             lambda: sqlaq.retry(conn, job),
-            lambda: sqlaq.cancel(conn, job),
-            lambda: sqlaq.ops.sweep(conn),
-            lambda: sqlaq.prune(conn, older_than=timedelta(0)),
             lambda: sqlaq.chain(conn, [sqlaq.NewJob("k"), sqlaq.NewJob("k")]),
         ):
             with pytest.raises(sqlaq.ConfigError, match="Citus") as caught:
@@ -347,11 +351,57 @@ def test_limited_claim_pause_and_results_on_the_cluster(distributed: Engine) -> 
 
 
 @needs_citus
+def test_cancel_sweep_and_prune_run_queue_by_queue(distributed: Engine) -> None:
+    """cancel finds each job's queue, cancels per queue, and tells the worker of a
+    running one on the coordinator; sweep ends expired leases; prune deletes finished
+    jobs; each over several queues."""
+    url = make_url(CITUS).set(drivername="postgresql").render_as_string(hide_password=False)
+    worker = uuid4()
+    with distributed.begin() as conn:
+        ids = [sqlaq.enqueue(conn, "k", queue=f"c{i % 3}", max_attempts=1).job_id for i in range(9)]
+    with distributed.begin() as conn:
+        running = [
+            sqlaq.claim(conn, worker_id=worker, queue=q, limit=1, lease=timedelta(seconds=1))[0]
+            for q in ("c0", "c1")
+        ]
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN sqlaq_cancel")
+        with distributed.begin() as conn:
+            cancelled = sqlaq.cancel(conn, [running[0].id, ids[2], ids[5], 10**9])
+        heard = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+    assert cancelled == sorted([running[0].id, ids[2], ids[5]])
+    assert heard == [str(running[0].id)]
+    with distributed.begin() as conn, pytest.raises(sqlaq.LeaseLostError):
+        sqlaq.complete(conn, running[0].lease)
+    # The other claimed job's 1 s lease expires on its only attempt: the sweep fails it.
+    wait_until(
+        lambda: (
+            scalar(
+                distributed,
+                "SELECT count(*) FROM sqlaq_jobs WHERE run_at <= now() AND status = 'running'",
+            )
+            == 1
+        ),
+        10,
+        "the lease expired",
+    )
+    with distributed.begin() as conn:
+        assert sqlaq.ops.sweep(conn) == 1
+    assert scalar(
+        distributed, "SELECT status FROM sqlaq_jobs WHERE id = :id", id=running[1].id
+    ) == ("failed")
+    with distributed.begin() as conn:
+        pruned = sqlaq.prune(conn, older_than=timedelta(0))
+    assert pruned == 4  # three cancelled, one failed, in three queues
+    assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs") == 5
+
+
+@needs_citus
 @pytest.mark.timeout(600)
 def test_two_worker_processes_drain_every_job_exactly_once(distributed: Engine) -> None:
     """N jobs over four queues, two worker processes serving all four: every job done,
     each run once (the ledger), none left queued or running; the maintenance leader
-    says once that it neither sweeps nor prunes on Citus, and fails nothing."""
+    (sweep, prune) fails nothing."""
     total, queues = 2000, ["a", "b", "c", "d"]
     with contextmanager(ledger_table)(distributed):
         with distributed.begin() as conn:
@@ -361,7 +411,7 @@ def test_two_worker_processes_drain_every_job_exactly_once(distributed: Engine) 
         assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs") == total
         with worker_processes(CITUS) as start:
             began = time.monotonic()
-            # Maintenance on: the leader skips what does not run on Citus (one notice).
+            # Maintenance on: the leader sweeps and prunes queue by queue.
             args = ["--queue", ",".join(queues), "--concurrency", "20"]
             args += ["--maintenance-interval", "0.5s", "--log-level", "warning"]
             workers = [start(*args) for _ in range(2)]
@@ -384,7 +434,6 @@ def test_two_worker_processes_drain_every_job_exactly_once(distributed: Engine) 
                 assert w.wait(60) == 0, w.output()[-3000:]
             logs = "".join(w.output() for w in workers)
             assert "Traceback" not in logs, logs[-3000:]
-            assert "does not sweep expired leases" in logs
         counts = dict(rows(distributed, "SELECT status, count(*) FROM sqlaq_jobs GROUP BY 1"))
         assert counts == {"done": total}, counts
         runs = rows(distributed, f"SELECT job_id, count(*) FROM {LEDGER} GROUP BY 1")
