@@ -92,12 +92,15 @@ def claim(
     _check_claim(worker_id, queue, limit, lease)
     kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
     if (yield DISTRIBUTED):
-        _citus_where("claim", where)
         params = citus_queries.citus_claim_params(
             queue=queue, worker_id=worker_id, limit=limit, lease=lease, token=uuid4().hex,
             exclude_kinds=kinds,
         )  # fmt: skip
-        claimed = yield (_CITUS_CLAIM_EXCLUDING if kinds else _CITUS_CLAIM), params
+        if _narrows(where):
+            stmt = _narrowed_claim(where, "citus-excluding" if kinds else "citus")
+        else:
+            stmt = _CITUS_CLAIM_EXCLUDING if kinds else _CITUS_CLAIM
+        claimed = yield stmt, params
         return _claimed(claimed.all(), worker_id, lease)
     params = queries.claim_params(
         queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=kinds
@@ -110,17 +113,14 @@ def claim(
     return _claimed(claimed.all(), worker_id, lease)
 
 
-def _citus_where(operation: str, where: Any) -> None:
-    if where is not None and not (isinstance(where, Sequence) and not where):
-        raise ConfigError(
-            f"{operation}(where=...) is not supported on Citus (sqlaq_jobs is distributed) "
-            "yet: claim without it, or give the matching jobs a queue of their own"
-        )
+def _narrows(where: Any) -> bool:
+    return where is not None and not (isinstance(where, Sequence) and not where)
 
 
 # Narrowed claims, by the identity of their clause(s) and their variant ("": plain,
-# "excluding": excluding kinds, "kind": one kind's). Each entry keeps its clauses alive,
-# so an id cannot be reused while it is cached.
+# "excluding": excluding kinds, "kind": one kind's; "citus", "citus-excluding",
+# "citus-kind": the same on a job table distributed on Citus). Each entry keeps its
+# clauses alive, so an id cannot be reused while it is cached.
 _NARROWED: dict[tuple[tuple[int, ...], str], tuple[tuple[object, ...], Any]] = {}
 
 _NARROWED_MAX = 64
@@ -134,15 +134,22 @@ def _narrowed_claim(where: Any, variant: str) -> Any:
     cached = _NARROWED.get(key)
     if cached is not None and all(a is b for a, b in zip(cached[0], clauses, strict=True)):
         return cached[1]
-    stmt = queries.claim_stmt(
-        queue="_",
-        worker_id=_NIL,
-        limit=1,
-        lease=DEFAULT_LEASE,
-        kind="_" if variant == "kind" else None,
-        exclude_kinds=["_"] if variant == "excluding" else (),
-        where=list(clauses),
-    )
+    if variant in ("citus", "citus-excluding", "citus-kind"):  # distributed on Citus
+        stmt = citus_queries.citus_claim_stmt(
+            kind=variant == "citus-kind",
+            exclude_kinds=variant == "citus-excluding",
+            where=list(clauses),
+        )
+    else:
+        stmt = queries.claim_stmt(
+            queue="_",
+            worker_id=_NIL,
+            limit=1,
+            lease=DEFAULT_LEASE,
+            kind="_" if variant == "kind" else None,
+            exclude_kinds=["_"] if variant == "excluding" else (),
+            where=list(clauses),
+        )
     with _NARROWED_LOCK:  # worker threads claim at once
         if len(_NARROWED) >= _NARROWED_MAX:
             _NARROWED.pop(next(iter(_NARROWED)))  # the oldest entry
@@ -195,12 +202,10 @@ def claim_limited(
     if isinstance(rate, str):
         rate = Rate.parse(rate)
     citus = yield DISTRIBUTED
-    if citus:
-        _citus_where("claim_limited", where)
-        stmt = _CITUS_CLAIM_KIND
+    if _narrows(where):
+        stmt = _narrowed_claim(where, "citus-kind" if citus else "kind")
     else:
-        narrowed = where is not None and not (isinstance(where, Sequence) and not where)
-        stmt = _narrowed_claim(where, "kind") if narrowed else _CLAIM_KIND
+        stmt = _CITUS_CLAIM_KIND if citus else _CLAIM_KIND
     yield _LOCK_KIND, {"b_kind": kind}
     state = yield _KIND_STATE, queries.kind_limit_state_params(kind=kind, rate=rate)
     running, recent, pivot, now = state.one()

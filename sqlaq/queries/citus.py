@@ -27,12 +27,13 @@ this module runs (``tests/unit/test_sql_snapshot.py`` pins their SQL).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
     Boolean,
+    ColumnElement,
     Integer,
     Interval,
     Select,
@@ -56,6 +57,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.sql.dml import ReturningDelete
 
 from sqlaq.queries._common import _IDS, _NOW, _PENDING, _RUNNING, _expired_error, _status, c
+from sqlaq.queries.claim import _where_clauses
 from sqlaq.queries.columns import CLAIM_COLUMNS
 from sqlaq.queries.enqueue import find_pending_duplicate_stmt
 from sqlaq.queries.retention import _prunable
@@ -186,7 +188,12 @@ def citus_claim_params(
     return params
 
 
-def citus_claim_stmt(*, kind: bool = False, exclude_kinds: bool = False) -> Update:
+def citus_claim_stmt(
+    *,
+    kind: bool = False,
+    exclude_kinds: bool = False,
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+) -> Update:
     """:func:`sqlaq.queries.claim_stmt` shaped for a table distributed by queue: a router
     statement on the queue's shard. Built once with placeholders; run with
     :func:`citus_claim_params`. Renders::
@@ -208,7 +215,11 @@ def citus_claim_stmt(*, kind: bool = False, exclude_kinds: bool = False) -> Upda
     The same outcomes as the plain claim: a due running row (an expired lease) with
     attempts left is claimed again, one on its last attempt is marked failed and
     returned with that status. With *kind*, only ``kind = :b_kind``; with
-    *exclude_kinds*, ``kind <> ALL(:b_excluded)``.
+    *exclude_kinds*, ``kind <> ALL(:b_excluded)``. *where* narrows it as
+    :func:`sqlaq.queries.claim_stmt`'s does (inside the locking CTE).
+
+    Raises:
+        ConfigError: *where* is not a SQLAlchemy clause over ``sqlaq_jobs`` alone.
     """
     queue_ = bindparam("b_queue", "_", Text)
     which = []
@@ -225,6 +236,7 @@ def citus_claim_stmt(*, kind: bool = False, exclude_kinds: bool = False) -> Upda
             c.run_at <= _NOW,
             ~select(paused_queues.c.queue).where(paused_queues.c.queue == queue_).exists(),
             *which,
+            *_where_clauses(where),
         )
         .order_by(c.priority.desc(), c.run_at, c.id)
         .limit(bindparam("b_limit", 1, Integer))

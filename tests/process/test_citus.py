@@ -28,6 +28,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from workerkit import LEDGER, ledger_table, rows, scalar, wait_until, worker_processes
 
 import sqlaq
@@ -262,9 +263,38 @@ def test_enqueue_claim_extend_complete_fail_on_the_cluster(distributed: Engine) 
         assert sorted(sqlaq.complete(conn, [j.lease for j in again])) == sorted(
             [second.id, third.id]
         )
+    # Narrowed by a clause (worker affinity), plain and excluding kinds.
+    affinity = sqlaq.jobs.c.payload["i"].astext == "3"
+    with distributed.begin() as conn:
+        (picked,) = sqlaq.claim(conn, worker_id=worker, queue="q1", where=affinity, limit=9)
+        assert picked.id == ids[3]
+        assert not sqlaq.claim(
+            conn, worker_id=worker, queue="q1", where=[affinity], exclude_kinds=["x"]
+        )
     statuses = dict(rows(distributed, "SELECT id, status FROM sqlaq_jobs WHERE queue = 'q0'"))
     assert set(statuses.values()) == {"done"}
     assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs WHERE queue = 'q1'") == 3
+
+
+@needs_citus
+@pytest.mark.asyncio
+async def test_the_async_operations_detect_citus_too(distributed: Engine) -> None:
+    """sqlaq.asyncio's driver answers the detection step per engine, as the sync one."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    import sqlaq.asyncio as aq
+
+    engine = create_async_engine(CITUS)
+    try:
+        async with engine.begin() as conn:
+            job_id = (await aq.enqueue(conn, "k", queue="aq")).job_id
+        async with engine.begin() as conn:
+            (job,) = await aq.claim(conn, worker_id=uuid4(), queue="aq")
+            assert job.lease.queue == "aq"
+        async with engine.begin() as conn:
+            assert await aq.complete(conn, job.lease) == [job_id]
+    finally:
+        await engine.dispose()
 
 
 @needs_citus
@@ -280,7 +310,6 @@ def test_what_does_not_run_on_citus_yet_refuses_in_one_line(distributed: Engine)
                 conn, "k", queue="q", dedupe_key="a", unique_for=timedelta(seconds=1)
             ),
             lambda: sqlaq.enqueue(conn, "k", queue="q", after=[job]),
-            lambda: sqlaq.claim(conn, worker_id=uuid4(), queue="q", where=sqlaq.jobs.c.kind == "k"),
             lambda: sqlaq.complete(conn, sqlaq.Lease(job, uuid4(), uuid4(), 1, None)),  # type: ignore[arg-type]
             lambda: sqlaq.enqueue_many(conn, [sqlaq.NewJob("k", queue="q", dedupe_key="a")]),
             lambda: sqlaq.retry(conn, job),
@@ -495,11 +524,16 @@ def test_a_killed_worker_and_a_node_s_terminated_backends_lose_no_job(
             wait_until(lambda: scalar(distributed, done_sql) >= total // 2, 120, "half done")
             node_port = int(make_url(CITUS).port or 5432) + 1
             assert _terminate_node_backends(node_port) > 0
+
+            def drained() -> bool:
+                try:
+                    done = scalar(distributed, done_sql)
+                except OperationalError:  # this session's connection to the node was cut too
+                    return False
+                return done == total or not (survivor.alive() and late.alive())
+
             wait_until(
-                lambda: (
-                    scalar(distributed, done_sql) == total
-                    or not (survivor.alive() and late.alive())
-                ),
+                drained,
                 timeout=300,
                 message=f"{total} jobs done",
                 interval=0.2,
