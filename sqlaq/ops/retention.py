@@ -15,7 +15,7 @@ from sqlaq.encoding import (
     check_duration,
 )
 from sqlaq.errors import ConfigError, shown
-from sqlaq.ops._citus import DISTRIBUTED, refuse
+from sqlaq.ops._citus import DISTRIBUTED
 from sqlaq.ops._common import DEFAULT_PRUNE_BATCH, _check_positive, _ids
 from sqlaq.queries import citus as citus_queries
 from sqlaq.records import PruneResult, RetryResult, SkippedRetry
@@ -50,10 +50,27 @@ def retry(job_ids: int | Iterable[int]) -> Plan[RetryResult]:
         carries what was skipped and why).
     """
     ids = _ids(job_ids)
-    yield from refuse("retry", _BY_ID)
     if not ids:
         return RetryResult()
-    outcome = yield Savepoint(queries.retry_stmt(job_ids=ids))
+    if (yield DISTRIBUTED):
+        # Queue by queue: find each job's queue (every shard, no lock), then retry.
+        found = yield _CITUS_LOCATE_FINISHED, {"b_ids": ids}
+        by_queue: dict[str, list[int]] = {}
+        for job_id, queue in found.all():
+            by_queue.setdefault(queue, []).append(job_id)
+        retried: list[int] = []
+        skipped: list[SkippedRetry] = []
+        for queue, queued_ids in by_queue.items():
+            one = yield from _retry(queued_ids, queue)
+            retried.extend(one)
+            skipped.extend(one.skipped)
+        return RetryResult(sorted(retried), sorted(skipped, key=lambda s: s.job_id))
+    return (yield from _retry(ids, None))
+
+
+def _retry(ids: list[int], queue: str | None) -> Plan[RetryResult]:
+    """retry of *ids* (of *queue* only, on Citus)."""
+    outcome = yield Savepoint(queries.retry_stmt(job_ids=ids, queue=queue))
     if not isinstance(outcome, DBAPIError):
         return _retried(outcome)
     if _sqlstate(outcome) != _UNIQUE_VIOLATION:
@@ -61,7 +78,7 @@ def retry(job_ids: int | Iterable[int]) -> Plan[RetryResult]:
     retried: list[int] = []
     skipped: list[SkippedRetry] = []
     for job_id in sorted(set(ids)):
-        one = yield from _retry_one(job_id)
+        one = yield from _retry_one(job_id, queue)
         retried.extend(one)
         skipped.extend(one.skipped)
     return RetryResult(retried, skipped)
@@ -72,11 +89,11 @@ def retry(job_ids: int | Iterable[int]) -> Plan[RetryResult]:
 _RETRY_ROUNDS = 3
 
 
-def _retry_one(job_id: int) -> Plan[RetryResult]:
+def _retry_one(job_id: int, queue: str | None) -> Plan[RetryResult]:
     """Retry one job in a savepoint; skip it if its key stays taken by jobs enqueued
     meanwhile (or by a job this transaction's snapshot cannot see)."""
     for _ in range(_RETRY_ROUNDS):
-        outcome = yield Savepoint(queries.retry_stmt(job_ids=[job_id]))
+        outcome = yield Savepoint(queries.retry_stmt(job_ids=[job_id], queue=queue))
         if not isinstance(outcome, DBAPIError):
             return _retried(outcome)
         if _sqlstate(outcome) != _UNIQUE_VIOLATION:
@@ -191,14 +208,10 @@ def _per_queue(found: Any, stmt: Any, params: dict[str, Any]) -> Plan[int]:
     return changed
 
 
-# Why retry refuses on Citus.
-_BY_ID = (
-    "it locks jobs by id across every queue (FOR UPDATE) and checks their keys' holders "
-    "there, which Citus runs only on one shard; a retry by queue is not built yet"
-)
-
 # On Citus (sqlaq_jobs distributed by queue): one queue at a time.
 _CITUS_CANCEL = citus_queries.citus_cancel_stmt()
+
+_CITUS_LOCATE_FINISHED = citus_queries.citus_locate_stmt(pending=False)
 
 _CITUS_NOTIFY_CANCEL = citus_queries.citus_notify_cancel_stmt()
 

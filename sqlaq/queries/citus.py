@@ -372,11 +372,17 @@ def citus_handback_stmt() -> Update:
 # -- cancel, sweep, prune: find the rows (no lock, every shard), then one queue at a time --
 
 
-def citus_locate_stmt() -> Select[Any]:
+def citus_locate_stmt(*, pending: bool = True) -> Select[Any]:
     """``SELECT id, queue FROM sqlaq_jobs WHERE id = ANY(:b_ids) AND status IN ('queued',
-    'running')``: which queue each pending job of *b_ids* is in (read on every shard,
-    without a lock; the per-queue statement locks and checks again)."""
-    return select(c.id, c.queue).where(c.id == func.any(bindparam("b_ids", [], _IDS)), _PENDING)
+    'running')`` (or, not *pending*, ``IN ('failed', 'cancelled')``): which queue each
+    job of *b_ids* is in (read on every shard, without a lock; the per-queue statement
+    locks and checks again)."""
+    which = (
+        _PENDING
+        if pending
+        else c.status.in_([_status(JobStatus.FAILED), _status(JobStatus.CANCELLED)])
+    )
+    return select(c.id, c.queue).where(c.id == func.any(bindparam("b_ids", [], _IDS)), which)
 
 
 def citus_cancel_stmt() -> Update:

@@ -202,8 +202,8 @@ def _tasks(conn: Any, stmt: Any, params: dict[str, Any]) -> int:
 
 @needs_citus
 def test_the_core_path_runs_as_router_statements(distributed: Engine) -> None:
-    """Claim, extend, complete, fail, snooze, hand back, and the per-queue cancel, sweep
-    and prune: one task each (EXPLAIN)."""
+    """Claim, extend, complete, fail, snooze, hand back, and the per-queue cancel, retry,
+    sweep and prune: one task each (EXPLAIN)."""
     lease = sqlaq.Lease(1, uuid4(), uuid4(), 1, None, "q1")  # type: ignore[arg-type]
     fence = sqlaq.queries.fence_params([lease]) | {"b_queue": "q1"}
     claim = citus_queries.citus_claim_params(
@@ -221,6 +221,7 @@ def test_the_core_path_runs_as_router_statements(distributed: Engine) -> None:
         (citus_queries.citus_snooze_stmt(), fence | {"b_delay": timedelta(seconds=1)}),
         (citus_queries.citus_handback_stmt(), fence),
         (citus_queries.citus_cancel_stmt(), {"b_queue": "q1", "b_ids": [1, 2]}),
+        (sqlaq.queries.retry_stmt(job_ids=[1, 2], queue="q1"), {}),
         (citus_queries.citus_sweep_stmt(), {"b_queue": "q1", "b_ids": [1, 2]}),
         (
             citus_queries.citus_prune_stmt(),
@@ -312,7 +313,6 @@ def test_what_does_not_run_on_citus_yet_refuses_in_one_line(distributed: Engine)
             lambda: sqlaq.enqueue(conn, "k", queue="q", after=[job]),
             lambda: sqlaq.complete(conn, sqlaq.Lease(job, uuid4(), uuid4(), 1, None)),  # type: ignore[arg-type]
             lambda: sqlaq.enqueue_many(conn, [sqlaq.NewJob("k", queue="q", dedupe_key="a")]),
-            lambda: sqlaq.retry(conn, job),
             lambda: sqlaq.chain(conn, [sqlaq.NewJob("k"), sqlaq.NewJob("k")]),
         ):
             with pytest.raises(sqlaq.ConfigError, match="Citus") as caught:
@@ -380,10 +380,10 @@ def test_limited_claim_pause_and_results_on_the_cluster(distributed: Engine) -> 
 
 
 @needs_citus
-def test_cancel_sweep_and_prune_run_queue_by_queue(distributed: Engine) -> None:
+def test_cancel_sweep_retry_and_prune_run_queue_by_queue(distributed: Engine) -> None:
     """cancel finds each job's queue, cancels per queue, and tells the worker of a
-    running one on the coordinator; sweep ends expired leases; prune deletes finished
-    jobs; each over several queues."""
+    running one on the coordinator; sweep ends expired leases; retry queues a cancelled
+    job again; prune deletes finished jobs; each over several queues."""
     url = make_url(CITUS).set(drivername="postgresql").render_as_string(hide_password=False)
     worker = uuid4()
     with distributed.begin() as conn:
@@ -420,9 +420,11 @@ def test_cancel_sweep_and_prune_run_queue_by_queue(distributed: Engine) -> None:
         distributed, "SELECT status FROM sqlaq_jobs WHERE id = :id", id=running[1].id
     ) == ("failed")
     with distributed.begin() as conn:
+        assert sqlaq.retry(conn, [ids[2], 10**9]) == [ids[2]]
+    with distributed.begin() as conn:
         pruned = sqlaq.prune(conn, older_than=timedelta(0))
-    assert pruned == 4  # three cancelled, one failed, in three queues
-    assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs") == 5
+    assert pruned == 3  # two cancelled, one failed, in three queues
+    assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs") == 6
 
 
 @needs_citus
