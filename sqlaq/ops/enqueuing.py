@@ -46,6 +46,10 @@ _CITUS_ENQUEUE_DEDUPE = queries.enqueue_stmt(job=NewJob("_", dedupe_key="_"), pe
 
 _CITUS_FIND_TWIN = citus_queries.citus_find_pending_duplicate_stmt()
 
+_CITUS_ENQUEUE_DEBOUNCE = queries.debounce_enqueue_stmt(
+    job=NewJob("_"), debounce_key="_", debounce=DEFAULT_LEASE, per_queue=True
+)
+
 _ENQUEUE_DEBOUNCE = queries.debounce_enqueue_stmt(
     job=NewJob("_"), debounce_key="_", debounce=DEFAULT_LEASE
 )
@@ -142,14 +146,21 @@ def enqueue(
             raise InvalidJobError("unique_for needs a dedupe_key: the key it holds")
     citus = yield DISTRIBUTED
     if citus:
-        _citus_check(job, debounced=debounced, unique_for=unique_for, after=after)
+        _citus_check(unique_for=unique_for, after=after)
+        if max_wait is not None:
+            raise ConfigError(
+                "enqueue(max_wait=...) is not supported on Citus (sqlaq_jobs is distributed): "
+                "the cap reads the queued job's created_at in ON CONFLICT ... DO UPDATE, where "
+                "Citus takes only IMMUTABLE functions; debounce without max_wait works"
+            )
     if after is not None:
         return (yield from _enqueue_after(job, after, on_parent_failure, debounced, unique_for))
     # The enqueuer's trace context (sqlaq[otel]), linked from each attempt's span.
     params = queries.enqueue_params(job, headers=tracing.capture())
     if debounced:
         params |= {"b_debounce_key": debounce_key, "b_debounce": debounce, "b_max_wait": max_wait}
-        job_id, updated = (yield _ENQUEUE_DEBOUNCE, params).one()
+        upsert = _CITUS_ENQUEUE_DEBOUNCE if citus else _ENQUEUE_DEBOUNCE
+        job_id, updated = (yield upsert, params).one()
         return EnqueueResult(
             job_id, outcome=EnqueueOutcome.DEBOUNCED if updated else EnqueueOutcome.INSERTED
         )
@@ -184,19 +195,17 @@ def enqueue(
     )
 
 
-def _citus_check(
-    job: NewJob, *, debounced: bool, unique_for: timedelta | None, after: object
-) -> None:
+def _citus_check(*, unique_for: timedelta | None, after: object) -> None:
     """Refuse, on a job table distributed on Citus, what enqueue cannot do there yet."""
-    why = None
-    if debounced:
-        why = "debounce upserts on the (kind, debounce_key) index, which is per queue there"
-    elif unique_for is not None:
-        why = "unique_for holds its key in sqlaq_unique_holds, a coordinator table"
+    what = why = None
+    if unique_for is not None:
+        what, why = "unique_for", "its hold lives in sqlaq_unique_holds, a coordinator table"
     elif after is not None:
-        why = "workflows (after=) need the dependency trigger, refused on a distributed table"
+        what, why = "after", "workflows need the dependency trigger, refused on a distributed table"
     if why is not None:
-        raise ConfigError(f"enqueue is not supported on Citus (sqlaq_jobs is distributed): {why}")
+        raise ConfigError(
+            f"enqueue({what}=...) is not supported on Citus (sqlaq_jobs is distributed): {why}"
+        )
 
 
 def _citus_wake(jobs: Iterable[NewJob]) -> Plan[None]:

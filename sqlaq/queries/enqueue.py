@@ -85,6 +85,7 @@ def debounce_enqueue_stmt(
     debounce: timedelta,
     max_wait: timedelta | None = None,
     headers: str | None = None,
+    per_queue: bool = False,
 ) -> Insert:
     """Insert a debounced job, or push back the queued one of ``(kind, debounce_key)``.
 
@@ -107,6 +108,11 @@ def debounce_enqueue_stmt(
     started (``attempted_at`` set) is not in the arbiter index: a new enqueue then
     inserts a new job. ``debounced`` is true when an existing job was updated (its row
     is locked by this transaction: ``xmax`` is set; a fresh insert has none).
+
+    *per_queue* (a job table distributed on Citus): ``ON CONFLICT (queue, kind,
+    debounce_key)``, and ``run_at = excluded.run_at``: Citus takes only IMMUTABLE
+    functions in ``DO UPDATE SET``, so no ``now()`` and no ``created_at + max_wait``
+    there (*max_wait* is not applied: the caller refuses it).
     """
     v = enqueue_params(job, headers=headers)
     delay = _NOW + bindparam("b_debounce", debounce, Interval)
@@ -118,6 +124,13 @@ def debounce_enqueue_stmt(
     # (queue, kind, its key) and run_at, which moves back but never past max_wait.
     identity = {"queue", "kind", "debounce_key", "run_at"}
     replaced = {name: excluded[name] for name in row if name not in identity}
+    if per_queue:
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[c.queue, c.kind, c.debounce_key],
+            index_where=_DEBOUNCE,
+            set_={**replaced, "run_at": excluded.run_at},
+        )
+        return stmt.returning(c.id, literal_column("xmax::text <> '0'", Boolean).label("debounced"))
     stmt = stmt.on_conflict_do_update(
         index_elements=[c.kind, c.debounce_key],
         index_where=_DEBOUNCE,

@@ -305,7 +305,12 @@ def test_what_does_not_run_on_citus_yet_refuses_in_one_line(distributed: Engine)
         job = sqlaq.enqueue(conn, "k", queue="q").job_id
         for call in (
             lambda: sqlaq.enqueue(
-                conn, "k", queue="q", debounce=timedelta(seconds=1), debounce_key="a"
+                conn,
+                "k",
+                queue="q",
+                debounce=timedelta(seconds=1),
+                debounce_key="a",
+                max_wait=timedelta(seconds=5),
             ),
             lambda: sqlaq.enqueue(
                 conn, "k", queue="q", dedupe_key="a", unique_for=timedelta(seconds=1)
@@ -351,6 +356,17 @@ def test_enqueue_variants_wake_the_coordinator_s_listeners(distributed: Engine) 
     assert not other.duplicate
     assert other.job_id != first.job_id
     assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs") == 1 + 1 + 3 + 9 + 4 + 2
+    # Debounce (per queue, without max_wait): the second enqueue pushes the first back.
+    with distributed.begin() as conn:
+        debounce = {"debounce": timedelta(seconds=30), "debounce_key": "d"}
+        one = sqlaq.enqueue(conn, "k", {"n": 1}, queue="db", **debounce)
+        two = sqlaq.enqueue(conn, "k", {"n": 2}, queue="db", **debounce)
+        elsewhere = sqlaq.enqueue(conn, "k", {"n": 3}, queue="db2", **debounce)
+    assert two.job_id == one.job_id
+    assert two.outcome == sqlaq.EnqueueOutcome.DEBOUNCED
+    assert elsewhere.job_id != one.job_id
+    payload = scalar(distributed, "SELECT payload FROM sqlaq_jobs WHERE id = :id", id=one.job_id)
+    assert payload == {"n": 2}
 
 
 @needs_citus
