@@ -168,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=typed(_INT4_POSITIVE, "--max-attempts"), default=5)
     p.add_argument("--dedupe-key", type=typed(Text(), "--dedupe-key"))
     p.add_argument(
+        "--key",
+        type=typed(Text(), "--key"),
+        help="the job's key (a tenant, an account): what per-key limits and strict order "
+        "count over",
+    )
+    p.add_argument(
         "--run-at",
         type=_aware_time,
         help="run no sooner than this ISO 8601 time with its zone (2030-01-01T09:00+02:00, "
@@ -685,6 +691,7 @@ def _enqueue(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
             dedupe_key=args.dedupe_key,
             run_at=args.run_at,
             timeout=args.timeout,
+            key=args.key,
             unique_for=args.unique_for,
             debounce_key=args.debounce_key,
             debounce=args.debounce,

@@ -27,6 +27,7 @@ from sqlaq.encoding import (
     check_dedupe_key,
     check_duration,
     check_int,
+    check_key,
     check_name,
     check_run_at,
     encode_payload,
@@ -57,7 +58,9 @@ class Job(_Base):
     workflows (``after=``, :func:`sqlaq.chain` and the other shapes).
 
     ``timeout`` (a positive ``timedelta``, at most 100 years) is this job's attempt
-    timeout, over its handler's (see "Timeouts" in the README).
+    timeout, over its handler's (see "Timeouts" in the README). ``key`` (1 to 255
+    characters) is what per-key limits and strict order count over (see
+    ``docs/how-to/tenants.md``).
     """
 
     __table__ = jobs
@@ -95,6 +98,9 @@ class Job(_Base):
     on_parent_failure: Mapped[str | None]
     #: The jobs this one was enqueued to wait for, or None.
     parent_ids: Mapped[list[int] | None]
+    #: The job's key (a tenant, an account): what its handler's ``key_concurrency``
+    #: and ``ordered`` count over; None: no key.
+    key: Mapped[str | None]
 
     def __init__(self, **kwargs: Any) -> None:
         if "kind" not in kwargs:
@@ -133,6 +139,10 @@ class Job(_Base):
     @validates("dedupe_key")
     def _validate_dedupe_key(self, key: str, value: str | None) -> str | None:
         return None if value is None else check_dedupe_key(value)
+
+    @validates("key")
+    def _validate_key(self, key: str, value: str | None) -> str | None:
+        return None if value is None else check_key(value)
 
     @validates("timeout")
     def _validate_timeout(self, key: str, value: timedelta | None) -> timedelta | None:

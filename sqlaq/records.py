@@ -108,13 +108,15 @@ class LimitedClaim:
 
     Attributes:
         jobs: The claimed jobs.
-        full: The kind's concurrency limit is reached: claim it again once a job of
-            it ends (or at the next poll, for jobs other workers run).
+        full: The kind's concurrency limit is reached, or (a keyed kind) some key was
+            at its ``key_concurrency`` when the claim took fewer jobs than it could:
+            claim it again once a job of it ends (or at the next poll, for jobs other
+            workers run).
         rate_wait: The rate may be holding jobs back: how long until it lets the next
             one start. None when the rate is not what stopped the claim.
 
-    Both are False/None when the claim took fewer jobs than the limits allowed: then
-    nothing more of the kind was due.
+    Both are False/None when the claim took fewer jobs than the limits allowed and no
+    key was full: then nothing more of the kind was due.
     """
 
     jobs: list[ClaimedJob]

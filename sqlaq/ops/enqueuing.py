@@ -71,6 +71,7 @@ def enqueue(
     dedupe_key: str | None = None,
     run_at: datetime | None = None,
     timeout: timedelta | None = None,
+    key: str | None = None,
     unique_for: timedelta | None = None,
     debounce_key: str | None = None,
     debounce: timedelta | None = None,
@@ -98,6 +99,8 @@ def enqueue(
         run_at: Run no sooner than this aware ``datetime`` (instead of *delay*; a naive
             one is refused).
         timeout: This job's attempt timeout, over its handler's ``timeout=``.
+        key: The job's key (a tenant, an account, a resource): what its handler's
+            ``key_concurrency`` and ``ordered`` count over (1 to 255 characters).
         unique_for: With *dedupe_key*: no second job of ``(kind, dedupe_key)`` within
             this long after this one's enqueue, whatever its status by then (done,
             failed, cancelled included); a refused enqueue is ``HELD`` and reports the
@@ -136,6 +139,7 @@ def enqueue(
         dedupe_key=dedupe_key,
         run_at=run_at,
         timeout=timeout,
+        key=key,
     )
     debounced = debounce is not None or debounce_key is not None or max_wait is not None
     if debounced:
@@ -307,7 +311,7 @@ def _enqueue_unique(
 
 # What jobs of enqueue_many's common batch share: all but the payload (no dedupe key).
 _SHAPE = operator.attrgetter(
-    "queue", "kind", "priority", "delay", "max_attempts", "dedupe_key", "run_at", "timeout"
+    "queue", "kind", "priority", "delay", "max_attempts", "dedupe_key", "run_at", "timeout", "key"
 )
 
 _SHAPE_DEDUPE_KEY = 5

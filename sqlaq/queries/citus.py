@@ -171,6 +171,7 @@ def citus_claim_params(
     token: str,
     kind: str | None = None,
     exclude_kinds: Collection[str] = (),
+    ids: Collection[int] | None = None,
 ) -> dict[str, Any]:
     """The bind values of :func:`citus_claim_stmt`; *token* is this claim's own random
     text (e.g. ``uuid4().hex``), from which each job's lease token is made."""
@@ -185,6 +186,8 @@ def citus_claim_params(
         params["b_kind"] = kind
     if exclude_kinds:
         params["b_excluded"] = sorted(exclude_kinds)
+    if ids is not None:
+        params["b_ids"] = list(ids)
     return params
 
 
@@ -193,6 +196,7 @@ def citus_claim_stmt(
     kind: bool = False,
     exclude_kinds: bool = False,
     where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+    ids: bool = False,
 ) -> Update:
     """:func:`sqlaq.queries.claim_stmt` shaped for a table distributed by queue: a router
     statement on the queue's shard. Built once with placeholders; run with
@@ -215,7 +219,8 @@ def citus_claim_stmt(
     The same outcomes as the plain claim: a due running row (an expired lease) with
     attempts left is claimed again, one on its last attempt is marked failed and
     returned with that status. With *kind*, only ``kind = :b_kind``; with
-    *exclude_kinds*, ``kind <> ALL(:b_excluded)``. *where* narrows it as
+    *exclude_kinds*, ``kind <> ALL(:b_excluded)``; with *ids*, only the jobs bound as
+    ``b_ids`` (a keyed claim's picks, see :func:`sqlaq.queries.claim_stmt`). *where* narrows it as
     :func:`sqlaq.queries.claim_stmt`'s does (inside the locking CTE).
 
     Raises:
@@ -227,6 +232,8 @@ def citus_claim_stmt(
         which.append(c.kind == bindparam("b_kind", "_", Text))
     if exclude_kinds:
         which.append(c.kind != func.all(bindparam("b_excluded", ["_"], ARRAY(Text))))
+    if ids:
+        which.append(c.id == func.any(bindparam("b_ids", [], _IDS)))
     lease = bindparam("b_lease", None, Interval)
     candidates = (
         select(c.id, _NOW.label("t"), (_NOW + lease).label("until"))

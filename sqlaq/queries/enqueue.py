@@ -121,8 +121,9 @@ def debounce_enqueue_stmt(
     stmt = insert(jobs).values(row)
     excluded = stmt.excluded
     # The update takes the new enqueue's values of every column but the job's identity
-    # (queue, kind, its key) and run_at, which moves back but never past max_wait.
-    identity = {"queue", "kind", "debounce_key", "run_at"}
+    # (queue, kind, its debounce key, its job key) and run_at, which moves back but
+    # never past max_wait.
+    identity = {"queue", "kind", "debounce_key", "key", "run_at"}
     replaced = {name: excluded[name] for name in row if name not in identity}
     if per_queue:
         stmt = stmt.on_conflict_do_update(

@@ -138,6 +138,24 @@ async def test_enqueue_many_in_input_order_with_duplicates(aconn: AsyncExecutor)
 
 
 @pytest.mark.asyncio
+async def test_keys_are_written_and_claimed_within_their_limit(aconn: AsyncExecutor) -> None:
+    await aq.enqueue(aconn, "tenant", key="a")
+    await aq.enqueue_many(aconn, [NewJob("tenant", key="a"), NewJob("tenant", key="b")])
+    await aq.enqueue_many(aconn, NewJob("tenant", key="b").with_payloads([{}, {}]))
+    assert await aq.enqueue_copy(aconn, [NewJob("tenant", key="c"), NewJob("tenant")]) == 2
+    keys = await rows(aconn, "SELECT key FROM sqlaq_jobs ORDER BY id")
+    assert [r.key for r in keys] == ["a", "a", "b", "b", "b", "c", None]
+    claimed = await aq.claim_limited(
+        aconn, worker_id=uuid.uuid4(), kind="tenant", limit=10, key_concurrency=1
+    )
+    assert (len(claimed.jobs), claimed.full) == (4, True)  # one of a, b and c; the keyless one
+    running = await rows(
+        aconn, "SELECT key FROM sqlaq_jobs WHERE status = 'running' ORDER BY key NULLS LAST"
+    )
+    assert [r.key for r in running] == ["a", "b", "c", None]
+
+
+@pytest.mark.asyncio
 async def test_enqueue_many_takes_a_job_batch(aconn: AsyncExecutor) -> None:
     batch = NewJob("jb", queue="q").with_payloads([{"i": i} for i in range(4)])
     results = await aq.enqueue_many(aconn, batch)

@@ -619,6 +619,73 @@ def limits_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
             transaction.rollback()
 
 
+@prelude("tenants", pages=["docs/how-to/tenants.md"])
+def tenants_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database and recording ``crm`` and ``ledger``; then claims
+    of the sample's kinds, as a worker makes them, take what the key options allow: 3
+    of tenant-42 beside tenant-7's one, and account-1's first entry only."""
+    crm, ledger = Recorder(), Recorder()
+    namespace = _jobs_module(engine=committed, crm=crm, ledger=ledger)
+    yield namespace
+
+    registry: sqlaq.Registry = namespace["registry"]
+    sync, post = _handler(registry, "sync_account"), _handler(registry, "post_entry")
+    assert (sync.key_concurrency, sync.ordered) == (3, False)
+    assert (post.key_concurrency, post.ordered) == (1, True)
+    worker_id = uuid.uuid4()
+
+    def claim_limited(handler: sqlaq.Handler) -> sqlaq.LimitedClaim:
+        with committed.begin() as conn:
+            return sqlaq.claim_limited(
+                conn,
+                worker_id=worker_id,
+                kind=handler.kind,
+                limit=10,
+                key_concurrency=handler.key_concurrency,
+                ordered=handler.ordered,
+            )
+
+    synced = claim_limited(sync)
+    assert sorted(job.payload["invoice"] for job in synced.jobs) == [1, 2, 3, 6]
+    assert claim_limited(sync).jobs == []
+    posted = claim_limited(post)
+    assert [job.payload["amount"] for job in posted.jobs] == [100]
+    assert claim_limited(post).jobs == []
+    for job in synced.jobs + posted.jobs:
+        _handler(registry, job.kind).func(job.payload)
+    with committed.begin() as conn:
+        sqlaq.complete(conn, posted.jobs[0].lease)
+    (second,) = claim_limited(post).jobs
+    _handler(registry, second.kind).func(second.payload)
+    assert sorted(crm.calls["sync"]) == [1, 2, 3, 6]
+    assert ledger.calls["post"] == [100, -30]
+
+
+@prelude("tenants-give-up")
+def tenants_give_up_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` and ``failed_id``: the first of two jobs of one key of an ordered kind,
+    failed for good, so the second waits; after the sample, the second is claimed."""
+
+    def claim() -> sqlaq.LimitedClaim:
+        with committed.begin() as conn:
+            return sqlaq.claim_limited(
+                conn, worker_id=uuid.uuid4(), kind="post_entry", ordered=True
+            )
+
+    with committed.begin() as conn:
+        first, second = (
+            sqlaq.enqueue(conn, "post_entry", key="account-1", max_attempts=1).job_id
+            for _ in range(2)
+        )
+    (job,) = claim().jobs
+    with committed.begin() as conn:
+        assert sqlaq.fail(conn, job.lease, "boom") == sqlaq.JobStatus.FAILED
+    assert claim().jobs == []
+    yield {"sqlaq": sqlaq, "engine": committed, "failed_id": first}
+
+    assert [job.id for job in claim().jobs] == [second]
+
+
 class Recorder:
     """Records the arguments of every call of any of its methods, by method name."""
 

@@ -337,6 +337,25 @@ def test_enqueue_with_a_timeout_and_unique_for(database_url: str, committed: Eng
         )
 
 
+def test_enqueue_with_a_key(
+    database_url: str, committed: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = sqlaq_cmd(database_url, "enqueue", "sync", "--key", "tenant-42")
+    assert code == 0
+    job_id = int(out.split()[1])
+    with committed.connect() as conn:
+        key = conn.execute(text("SELECT key FROM sqlaq_jobs WHERE id = :id"), {"id": job_id})
+        assert key.scalar_one() == "tenant-42"
+    capsys.readouterr()
+    code, out = sqlaq_cmd(database_url, "enqueue", "sync", "--key", " ")
+    assert (code, out) == (2, "")
+    err = capsys.readouterr().err
+    assert "key must be a non-empty name" in err
+    assert err.count("\n") == 1
+    with committed.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 1
+
+
 def test_enqueue_debounced(database_url: str, committed: Engine) -> None:
     argv = ["enqueue", "digest", "--debounce-key", "user-7", "--debounce", "10m"]
     code, out = sqlaq_cmd(database_url, *argv, "--payload", '{"n": 1}', "--max-wait", "1h")

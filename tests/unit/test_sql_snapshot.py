@@ -95,6 +95,7 @@ CALLS: dict[str, list[Any]] = {
     "claim_stmt": [
         {"queue": "q", "worker_id": WORKER, "limit": 5, "lease": SECONDS},
         {"queue": "q", "worker_id": WORKER, "limit": 5, "lease": SECONDS, "kind": "k"},
+        {"queue": "q", "worker_id": WORKER, "limit": 5, "lease": SECONDS, "kind": "k", "ids": True},
         {
             "queue": "q",
             "worker_id": WORKER,
@@ -124,6 +125,11 @@ CALLS: dict[str, list[Any]] = {
         {"where": [jobs.c.payload["region"].astext == "eu", jobs.c.priority > 1]},
     ],
     "lock_kind_stmt": [{"kind": "k"}],
+    "key_running_stmt": [{"kind": "k"}],
+    "keyed_candidates_params": [
+        {"queue": "q", "kind": "k", "limit": 5, "full_keys": ["a"], "picked": [1, 2]}
+    ],
+    "keyed_candidates_stmt": [{"ordered": False}, {"ordered": True}],
     "kind_limit_state_params": [{"kind": "k", "rate": None}, {"kind": "k", "rate": RATE}],
     "kind_limit_state_stmt": [{"kind": "k", "rate": None}, {"kind": "k", "rate": RATE}],
     "record_starts_params": [{"kind": "k", "rate": RATE, "started": 3}],
@@ -191,6 +197,7 @@ CALLS: dict[str, list[Any]] = {
     "stats_counts_stmt": [{}],
     "stats_health_stmt": [{}],
     "get_job_stmt": [{"job_id": 1}],
+    "key_state_stmt": [{"kind": "k", "key": "acme", "job_id": 7}],
     "job_outcome_stmt": [{"job_id": 1}],
     "watch_job_stmt": [{"job_id": 1}],
     "count_jobs_stmt": [{}, {"statuses": {JobStatus.FAILED}, "kind": "k", "queue": "q"}],
