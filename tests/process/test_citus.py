@@ -444,6 +444,61 @@ def test_cancel_sweep_retry_and_prune_run_queue_by_queue(distributed: Engine) ->
 
 
 @needs_citus
+def test_a_later_revision_upgrades_a_distributed_table(installed: Engine) -> None:
+    """Distributed at sqlaq_0006, then the upgrade to sqlaq_0007 (a column, an index, the
+    revision function) on the distributed table: refused in one parallel transaction,
+    done with ``citus.multi_shard_modify_mode = sequential``; the operations then use the
+    new key column on Citus."""
+    _reset(installed)
+    with installed.begin() as conn:
+        migrations.upgrade(conn, "sqlaq_0006")
+        for statement in citus_queries.distribute_ddl():
+            conn.execute(text(statement))
+    # As the docs say: in one transaction, Citus runs the revision's DDL on the shards in
+    # parallel, and then refuses its CREATE OR REPLACE FUNCTION (a distributed object)
+    # unless the transaction runs its multi-shard commands one connection per node.
+    with installed.begin() as conn, pytest.raises(Exception, match="parallel operation"):
+        migrations.upgrade(conn)
+    with installed.begin() as conn:
+        conn.execute(text("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'"))
+        migrations.upgrade(conn)
+        assert migrations.check(conn) == migrations.HEAD == "sqlaq_0007"
+    engine = create_engine(CITUS)
+    try:
+        with engine.begin() as conn:
+            assert citus.is_distributed(conn)
+            sqlaq.enqueue(conn, "k", queue="kq", key="tenant-1")
+        with engine.begin() as conn:
+            (job,) = sqlaq.claim(conn, worker_id=uuid4(), queue="kq")
+            assert sqlaq.complete(conn, job.lease) == [job.id]
+    finally:
+        engine.dispose()
+
+
+@needs_citus
+def test_per_key_limits_and_order_within_a_queue(distributed: Engine) -> None:
+    """claim_limited with key_concurrency, and ordered (one job of a key at a time, in
+    enqueue order, within the queue on Citus)."""
+    worker = uuid4()
+    with distributed.begin() as conn:
+        first = [sqlaq.enqueue(conn, "o", queue="oq", key="a").job_id for _ in range(3)]
+        sqlaq.enqueue(conn, "o", queue="oq", key="b")
+    with distributed.begin() as conn:
+        taken = sqlaq.claim_limited(
+            conn, worker_id=worker, kind="o", queue="oq", limit=10, ordered=True
+        )
+    assert sorted(j.payload == {} for j in taken.jobs) == [True, True]
+    ids = {j.id for j in taken.jobs}
+    assert first[0] in ids
+    assert not ids & set(first[1:])
+    with distributed.begin() as conn:
+        again = sqlaq.claim_limited(
+            conn, worker_id=worker, kind="o", queue="oq", limit=10, key_concurrency=2
+        )
+    assert {j.id for j in again.jobs} == {first[1]}  # key a holds one slot already
+
+
+@needs_citus
 @pytest.mark.timeout(600)
 def test_two_worker_processes_drain_every_job_exactly_once(distributed: Engine) -> None:
     """N jobs over four queues, two worker processes serving all four: every job done,
