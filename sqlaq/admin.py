@@ -32,7 +32,7 @@ from typing import Any, NoReturn, TextIO
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
-from sqlaq import control, migrations, ops, queries
+from sqlaq import citus, control, migrations, ops, queries
 from sqlaq.commandline import (
     EXIT_USAGE,
     CommandParser,
@@ -231,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("workers", parents=[common], help="the workers' heartbeat rows")
     p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser(
+        "citus-distribute",
+        parents=[common],
+        help="distribute sqlaq_jobs by queue on Citus (after 'alembic upgrade heads')",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the DDL instead of running it")
 
     p = sub.add_parser("dashboard", parents=[common], help="serve the web dashboard")
     p.add_argument("--host", type=typed(Text(), "--host"), default="127.0.0.1")
@@ -843,6 +850,23 @@ def _dashboard(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _citus_distribute(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    with engine.begin() as conn:
+        found = citus.problems(conn)
+        for problem in found:
+            print(f"{PROG}: cannot distribute: {problem}", file=sys.stderr)
+        if found:
+            return 1
+        done = citus.distribute(conn, dry_run=args.dry_run)
+    if done.already:
+        print("sqlaq_jobs is already distributed by queue on Citus: nothing to do", file=out)
+    elif args.dry_run:
+        out.write("".join(f"{statement};\n" for statement in done.ddl))
+    else:
+        print(f"sqlaq_jobs distributed by queue on Citus ({len(done.ddl)} statements)", file=out)
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
     "migrate": _migrate,
     "check": _check,
@@ -859,6 +883,7 @@ _COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
     "resume": _resume,
     "workers": _workers,
     "dashboard": _dashboard,
+    "citus-distribute": _citus_distribute,
 }
 
 

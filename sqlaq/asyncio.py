@@ -52,6 +52,7 @@ from sqlaq.drive import (
     AUTOCOMMIT,
     Copy,
     Executor,
+    PerEngine,
     Plan,
     Savepoint,
     kind_of,
@@ -181,7 +182,20 @@ async def _special(conn: AsyncExecutor, step: Any) -> Any:
         return await _autocommit(conn)
     if isinstance(step, Copy):
         return await _copy(conn, step)
+    if isinstance(step, PerEngine):
+        return await _per_engine(conn, step)
     raise TypeError(f"a plan yielded {step!r}, which is not a step")  # pragma: no cover
+
+
+async def _per_engine(conn: AsyncExecutor, step: PerEngine) -> Any:
+    """The answer to *step* for *conn*'s engine (see :class:`sqlaq.drive.PerEngine`)."""
+    connection = conn if _is_connection(conn) else await conn.connection()
+    engine = connection.sync_engine
+    if engine in step.cache:
+        return step.cache[engine]
+    value = await _run(conn, step.plan())
+    step.cache[engine] = value
+    return value
 
 
 async def _autocommit(conn: AsyncExecutor) -> bool:

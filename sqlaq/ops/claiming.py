@@ -7,7 +7,7 @@ import threading
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from sqlalchemy import ColumnElement
 
@@ -21,7 +21,9 @@ from sqlaq.encoding import (
 from sqlaq.errors import ConfigError, InvalidJobError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
+from sqlaq.ops._citus import DISTRIBUTED
 from sqlaq.ops._common import _NIL, DEFAULT_LEASE, _check_positive
+from sqlaq.queries import citus as citus_queries
 from sqlaq.records import ClaimedJob, LimitedClaim
 from sqlaq.schema import (
     DEFAULT_QUEUE,
@@ -50,6 +52,19 @@ _CLAIM_IDS = queries.claim_stmt(
 _KEYED_CANDIDATES = queries.keyed_candidates_stmt(ordered=False)
 
 _ORDERED_CANDIDATES = queries.keyed_candidates_stmt(ordered=True)
+
+# The claims of a job table distributed on Citus (router statements, see
+# sqlaq.queries.citus): plain, excluding kinds, one kind's.
+_CITUS_CLAIM = citus_queries.citus_claim_stmt()
+
+_CITUS_CLAIM_EXCLUDING = citus_queries.citus_claim_stmt(exclude_kinds=True)
+
+_CITUS_CLAIM_KIND = citus_queries.citus_claim_stmt(kind=True)
+
+_CITUS_CLAIM_IDS = citus_queries.citus_claim_stmt(kind=True, ids=True)
+
+# Strict order per key on Citus: within the queue (one shard's read).
+_CITUS_ORDERED_CANDIDATES = queries.keyed_candidates_stmt(ordered=True, per_queue=True)
 
 
 @operation
@@ -91,6 +106,17 @@ def claim(
     """
     _check_claim(worker_id, queue, limit, lease)
     kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
+    if (yield DISTRIBUTED):
+        params = citus_queries.citus_claim_params(
+            queue=queue, worker_id=worker_id, limit=limit, lease=lease, token=uuid4().hex,
+            exclude_kinds=kinds,
+        )  # fmt: skip
+        if _narrows(where):
+            stmt = _narrowed_claim(where, "citus-excluding" if kinds else "citus")
+        else:
+            stmt = _CITUS_CLAIM_EXCLUDING if kinds else _CITUS_CLAIM
+        claimed = yield stmt, params
+        return _claimed(claimed.all(), worker_id, lease)
     params = queries.claim_params(
         queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=kinds
     )
@@ -102,9 +128,15 @@ def claim(
     return _claimed(claimed.all(), worker_id, lease)
 
 
+def _narrows(where: Any) -> bool:
+    return where is not None and not (isinstance(where, Sequence) and not where)
+
+
 # Narrowed claims, by the identity of their clause(s) and their variant ("": plain,
-# "excluding": excluding kinds, "kind": one kind's). Each entry keeps its clauses alive,
-# so an id cannot be reused while it is cached.
+# "excluding": excluding kinds, "kind": one kind's, "keyed"/"ordered": a keyed kind's
+# candidates; "citus", "citus-excluding", "citus-kind", "citus-ordered": the same on a
+# job table distributed on Citus). Each entry keeps its
+# clauses alive, so an id cannot be reused while it is cached.
 _NARROWED: dict[tuple[tuple[int, ...], str], tuple[tuple[object, ...], Any]] = {}
 
 _NARROWED_MAX = 64
@@ -121,8 +153,16 @@ def _narrowed_claim(where: Any, variant: str) -> Any:
     if cached is not None and all(a is b for a, b in zip(cached[0], clauses, strict=True)):
         return cached[1]
     stmt: Any
-    if variant in ("keyed", "ordered"):
-        stmt = queries.keyed_candidates_stmt(ordered=variant == "ordered", where=list(clauses))
+    if variant in ("citus", "citus-excluding", "citus-kind"):  # distributed on Citus
+        stmt = citus_queries.citus_claim_stmt(
+            kind=variant == "citus-kind",
+            exclude_kinds=variant == "citus-excluding",
+            where=list(clauses),
+        )
+    elif variant in ("keyed", "ordered", "citus-ordered"):
+        stmt = queries.keyed_candidates_stmt(
+            ordered=variant != "keyed", where=list(clauses), per_queue=variant == "citus-ordered"
+        )
     else:
         stmt = queries.claim_stmt(
             queue="_",
@@ -207,8 +247,12 @@ def claim_limited(
         key_concurrency = 1
     if isinstance(rate, str):
         rate = Rate.parse(rate)
-    narrowed = where is not None and not (isinstance(where, Sequence) and not where)
-    stmt = _narrowed_claim(where, "kind") if narrowed else _CLAIM_KIND
+    citus = yield DISTRIBUTED
+    narrowed = _narrows(where)
+    if narrowed:
+        stmt = _narrowed_claim(where, "citus-kind" if citus else "kind")
+    else:
+        stmt = _CITUS_CLAIM_KIND if citus else _CLAIM_KIND
     yield _LOCK_KIND, {"b_kind": kind}
     state = yield _KIND_STATE, queries.kind_limit_state_params(kind=kind, rate=rate)
     running, recent, pivot, now = state.one()
@@ -224,15 +268,23 @@ def claim_limited(
     jobs: list[ClaimedJob] = []
     keys_full = False
     if allowed.count and key_concurrency is not None:
-        variant = "ordered" if ordered else "keyed"
+        variant = ("citus-ordered" if citus else "ordered") if ordered else "keyed"
         if narrowed:
             select_ = _narrowed_claim(where, variant)
+        elif ordered:
+            select_ = _CITUS_ORDERED_CANDIDATES if citus else _ORDERED_CANDIDATES
         else:
-            select_ = _ORDERED_CANDIDATES if ordered else _KEYED_CANDIDATES
+            select_ = _KEYED_CANDIDATES
         picked, keys_full = yield from _pick_keyed(
             select_, kind=kind, queue=queue, wanted=allowed.count, cap=key_concurrency
         )
-        if picked:
+        if picked and citus:
+            params = citus_queries.citus_claim_params(
+                queue=queue, worker_id=worker_id, limit=len(picked), lease=lease,
+                token=uuid4().hex, kind=kind, ids=picked,
+            )  # fmt: skip
+            jobs = _claimed((yield _CITUS_CLAIM_IDS, params).all(), worker_id, lease)
+        elif picked:
             params = queries.claim_params(
                 queue=queue,
                 worker_id=worker_id,
@@ -243,9 +295,15 @@ def claim_limited(
             )
             jobs = _claimed((yield _CLAIM_IDS, params).all(), worker_id, lease)
     elif allowed.count:
-        params = queries.claim_params(
-            queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
-        )
+        if citus:
+            params = citus_queries.citus_claim_params(
+                queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease,
+                token=uuid4().hex, kind=kind,
+            )  # fmt: skip
+        else:
+            params = queries.claim_params(
+                queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
+            )
         claimed_rows = yield stmt, params
         jobs = _claimed(claimed_rows.all(), worker_id, lease)
     if rate is not None and jobs:
@@ -332,7 +390,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             attempts,
             max_attempts,
             created_at,
-            new_lease(job_id, worker_id, token, attempts, run_at),
+            new_lease(job_id, worker_id, token, attempts, run_at, queue_),
             run_at - lease,
             headers,
             timeout,
@@ -371,15 +429,23 @@ _CLAIMED_SETTERS = slot_setters(ClaimedJob)
 _LEASE_SETTERS = slot_setters(Lease)
 
 
-def _new_lease(job_id: int, worker_id: UUID, token: UUID, attempt: int, expires: Any) -> Lease:
+def _new_lease(
+    job_id: int,
+    worker_id: UUID,
+    token: UUID,
+    attempt: int,
+    expires: Any,
+    queue: str | None = None,
+) -> Lease:
     """``Lease(...)``, faster (see :func:`~sqlaq.encoding.slot_setters`)."""
-    set_id, set_worker, set_token, set_attempt, set_expires = _LEASE_SETTERS
+    set_id, set_worker, set_token, set_attempt, set_expires, set_queue = _LEASE_SETTERS
     lease = object.__new__(Lease)
     set_id(lease, job_id)
     set_worker(lease, worker_id)
     set_token(lease, token)
     set_attempt(lease, attempt)
     set_expires(lease, expires)
+    set_queue(lease, queue)
     return lease
 
 

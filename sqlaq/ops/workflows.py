@@ -14,6 +14,7 @@ from sqlaq import queries
 from sqlaq.drive import Plan, operation, plan_of
 from sqlaq.encoding import NewJob
 from sqlaq.errors import InvalidJobError
+from sqlaq.ops._citus import DISTRIBUTED, refuse
 from sqlaq.ops._common import _check_positive
 from sqlaq.ops._links import RELEASE_BATCH, check_after, check_policy, link, mark_parents
 from sqlaq.ops.enqueuing import enqueue_many
@@ -41,6 +42,13 @@ def _check_job(job: object, what: str) -> NewJob:
     return job
 
 
+# Why workflows refuse on Citus.
+_NO_TRIGGER = (
+    "a parent's dependency trigger releases its children, and Citus refuses triggers on a "
+    "distributed table"
+)
+
+
 def _shape(
     jobs: Sequence[NewJob],
     edges: Sequence[tuple[int, int]],
@@ -52,6 +60,7 @@ def _shape(
     (indexes) wait for *after* too. Returns the jobs' ids, in order."""
     policy = check_policy(on_parent_failure)
     external = check_after(after) if after is not None else []
+    yield from refuse("workflows", _NO_TRIGGER)
     statuses = yield from mark_parents(external)
     if not jobs:
         return []
@@ -227,6 +236,8 @@ def release_waiting(
     Returns:
         The ids of the jobs released (now due).
     """
+    if (yield DISTRIBUTED):
+        return []  # no job waits there: workflows refuse (see _shape)
     if job_ids is not None:
         ids = list(job_ids)
         if not ids:
@@ -276,9 +287,11 @@ def read_workflow(job_id: int, *, limit: int = 200) -> Plan[WorkflowJobs]:
         job has this id. A job outside any workflow is a workflow of one job.
 
     Raises:
-        ConfigError: *limit* is not a positive int.
+        ConfigError: *limit* is not a positive int, or the job table is distributed on
+            Citus (where workflows do not run).
     """
     _check_positive("limit", limit)
+    yield from refuse("workflows", _NO_TRIGGER)
     stmt = queries.workflow_stmt(job_id=job_id, limit=limit, count_limit=WORKFLOW_COUNT_LIMIT)
     rows = yield from _without_jit(stmt)
     found = tuple(
@@ -309,7 +322,11 @@ def cancel_workflow(job_id: int) -> Plan[list[int]]:
 
     Returns:
         The ids of the jobs cancelled (none when no job has this id).
+
+    Raises:
+        ConfigError: the job table is distributed on Citus (where workflows do not run).
     """
+    yield from refuse("workflows", _NO_TRIGGER)
     rows = yield from _without_jit(queries.cancel_workflow_stmt(job_id=job_id))
     return [row[0] for row in rows]
 

@@ -391,7 +391,10 @@ def keyed_candidates_params(
 
 
 def keyed_candidates_stmt(
-    *, ordered: bool, where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = ()
+    *,
+    ordered: bool,
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+    per_queue: bool = False,
 ) -> Select[Any]:
     """Select ``id, key`` of up to ``b_limit`` due jobs of a keyed kind, in claim order,
     leaving out the keys at their limit and the jobs already picked.
@@ -414,6 +417,10 @@ def keyed_candidates_stmt(
     it runs under the kind's claim lock (:func:`lock_kind_stmt`), and the claim by ids
     (:func:`claim_stmt` with *ids*) locks what it takes. *where* narrows it as
     :func:`claim_stmt`'s does.
+
+    *per_queue* (a job table distributed on Citus by queue): the earlier jobs looked for
+    are those of the same queue (``AND earlier.queue = :b_queue``), so the statement reads
+    one shard; the order per key holds within a queue.
     """
     queue_ = bindparam("b_queue", "_", Text)
     kind_ = bindparam("b_kind", "_", Text)
@@ -432,6 +439,7 @@ def keyed_candidates_stmt(
             or_(
                 c.key.is_(None),
                 ~exists().where(
+                    *([earlier.c.queue == queue_] if per_queue else []),
                     earlier.c.kind == c.kind,
                     earlier.c.key == c.key,
                     earlier.c.id < c.id,

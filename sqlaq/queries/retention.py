@@ -54,7 +54,7 @@ from sqlaq.schema import (
 )
 
 
-def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
+def retry_stmt(*, job_ids: Collection[int], queue: str | None = None) -> Select[Any]:
     """Queue failed or cancelled jobs again, due now, with a fresh set of attempts, but
     never two jobs of one key: select ``id, retried, dedupe_key, dedupe_holder,
     debounce_key, debounce_holder`` for each job retried or left for its key.
@@ -100,11 +100,20 @@ def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
     kept as history. ``unique_for`` holds are not consulted: a retry queues the same job
     again, it does not enqueue a new one.
 
+    With *queue* (a job table distributed on Citus by queue): only the jobs of that queue,
+    and their keys' holders in it (the unique indexes lead with ``queue`` there), every
+    reference to the table pinned to ``queue = :b_queue``: one shard's statement.
+
     The holders are read from the statement's snapshot: a job enqueued with the key
     after it began still makes the UPDATE fail with a unique violation
     (:func:`sqlaq.retry` runs it in a savepoint and falls back to one job at a time).
     """
     ids = bindparam("b_ids", list(job_ids), _IDS)
+    twin = jobs.alias("twin")
+    # On Citus (see sqlaq.queries.citus): the jobs of one queue, their keys' holders in
+    # that queue (the unique indexes lead with queue there), every reference pinned.
+    queue_ = bindparam("b_queue", queue, Text)
+    mine, twins = ([c.queue == queue_], [twin.c.queue == queue_]) if queue is not None else ([], [])
     picked = (
         select(
             c.id,
@@ -113,6 +122,7 @@ def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
             case((c.attempted_at.is_(None), c.debounce_key)).label("debounce_key"),
         )
         .where(
+            *mine,
             c.id == func.any(ids),
             c.status.in_([_status(JobStatus.FAILED), _status(JobStatus.CANCELLED)]),
         )
@@ -122,10 +132,10 @@ def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
         .prefix_with("MATERIALIZED")
     )
     p = picked.c
-    twin = jobs.alias("twin")
     dedupe_twin = (
         select(func.min(twin.c.id))
         .where(
+            *twins,
             twin.c.kind == p.kind,
             twin.c.dedupe_key == p.dedupe_key,
             twin.c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)]),
@@ -136,6 +146,7 @@ def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
     debounce_twin = (
         select(func.min(twin.c.id))
         .where(
+            *twins,
             twin.c.kind == p.kind,
             twin.c.debounce_key == p.debounce_key,
             twin.c.status == _status(JobStatus.QUEUED),
@@ -159,7 +170,7 @@ def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
     r = ranked.c
     retried = (
         update(jobs)
-        .where(c.id == r.id, r.dedupe_holder.is_(None), r.debounce_holder.is_(None))
+        .where(*mine, c.id == r.id, r.dedupe_holder.is_(None), r.debounce_holder.is_(None))
         .values(
             status=_status(JobStatus.QUEUED),
             run_at=_NOW,

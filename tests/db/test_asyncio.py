@@ -641,6 +641,16 @@ _CLI = "start-up checks of the sqlaq commands, on the command's sync Engine"
 NO_TWIN: dict[str, str] = {
     "sqlaq.testing.drain": "its async twin is sqlaq.testing.drain_async",
     "sqlaq.drive.run": "the sync driver; sqlaq.asyncio holds the async one",
+    "sqlaq.drive.per_engine": "the sync driver's PerEngine step; sqlaq.asyncio answers its own",
+    **dict.fromkeys(
+        (
+            "sqlaq.citus.distribute",
+            "sqlaq.citus.problems",
+            "sqlaq.citus.is_distributed",
+            "sqlaq.citus.forget",
+        ),
+        "the Citus conversion command's (sync); the operations detect Citus themselves",
+    ),
     "sqlaq.dsn.connection_params": "reads an engine's URL, runs nothing on it",
     "sqlaq.worker.writer.write_outcomes": "the worker's own writer, on its sync connection",
     "sqlaq.commandline.check_database": _CLI,
