@@ -68,6 +68,8 @@ from sqlaq.queries.catalog import (
 from sqlaq.queries.claim import (
     claim_params,
     claim_stmt,
+    fair_claim_params,
+    fair_claim_stmt,
     key_running_stmt,
     keyed_candidates_params,
     keyed_candidates_stmt,
@@ -230,6 +232,8 @@ __all__ = [
     "fail_stmt",
     "failure_group_ids_stmt",
     "failure_groups_stmt",
+    "fair_claim_params",
+    "fair_claim_stmt",
     "fence_params",
     "find_jobs_stmt",
     "find_pending_duplicate_stmt",
