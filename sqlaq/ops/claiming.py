@@ -402,6 +402,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             run_at - lease,
             headers,
             timeout,
+            key,
         )
         for (
             job_id,
@@ -417,6 +418,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             created_at,
             headers,
             timeout,
+            key,
         ) in rows
         if status == "running"
     ]
@@ -462,6 +464,7 @@ def _new_claimed_job(
     attempted_at: datetime | None,
     headers: dict[str, Any] | None,
     timeout: timedelta | None,
+    key: str | None,
 ) -> ClaimedJob:
     """``ClaimedJob(...)`` with every field given, faster (see
     :func:`~sqlaq.encoding.slot_setters`)."""
@@ -478,6 +481,7 @@ def _new_claimed_job(
         set_attempted_at,
         set_headers,
         set_timeout,
+        set_key,
     ) = _CLAIMED_SETTERS
     job = object.__new__(ClaimedJob)
     set_id(job, job_id)
@@ -492,4 +496,5 @@ def _new_claimed_job(
     set_attempted_at(job, attempted_at)
     set_headers(job, headers)
     set_timeout(job, timeout)
+    set_key(job, key)
     return job

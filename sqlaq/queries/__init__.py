@@ -89,8 +89,10 @@ from sqlaq.queries.columns import (
     enqueue_uniform_params,
 )
 from sqlaq.queries.dashboard import (
+    BUSIEST_KEYS,
     LARGE_VALUES,
     WAIT_PERCENTILES,
+    busiest_keys_stmt,
     error_line,
     failure_group_ids_stmt,
     failure_groups_stmt,
@@ -190,6 +192,7 @@ from sqlaq.queries.workflow import (
 )
 
 __all__ = [
+    "BUSIEST_KEYS",
     "CLAIM_COLUMNS",
     "COPY_COLUMNS",
     "LARGE_VALUES",
@@ -197,6 +200,7 @@ __all__ = [
     "WAIT_PERCENTILES",
     "Reference",
     "blocking_references_stmt",
+    "busiest_keys_stmt",
     "cancel_stmt",
     "cancelled_among_stmt",
     "catalog_constraints_stmt",

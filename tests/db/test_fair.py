@@ -146,3 +146,23 @@ def test_bad_weights_are_one_line(committed: Engine) -> None:
             sqlaq.claim_fair(conn, worker_id=uuid.uuid4(), weights={"a": 0})
         with pytest.raises(ConfigError, match="key"):
             sqlaq.claim_fair(conn, worker_id=uuid.uuid4(), weights={" ": 1})
+
+
+def test_claimed_jobs_and_their_context_carry_the_key(committed: Engine) -> None:
+    from datetime import timedelta
+
+    from sqlaq.context import JobContext
+
+    with committed.begin() as conn:
+        sqlaq.enqueue(conn, "work", key="tenant-7")
+        sqlaq.enqueue(conn, "work")
+    for claim in (sqlaq.claim, sqlaq.claim_fair):
+        with committed.begin() as conn:
+            jobs = claim(conn, worker_id=uuid.uuid4(), limit=2)
+            assert sorted((job.key or "") for job in jobs) == ["", "tenant-7"]
+            lease = jobs[0].lease
+            context = JobContext.for_job(
+                jobs[0], timedelta(seconds=30), lambda *a, lease=lease: lease
+            )
+            assert context.key == jobs[0].key
+            conn.rollback()

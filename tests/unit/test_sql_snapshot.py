@@ -126,6 +126,7 @@ CALLS: dict[str, list[Any]] = {
     ],
     "lock_kind_stmt": [{"kind": "k"}],
     "key_running_stmt": [{"kind": "k"}],
+    "busiest_keys_stmt": [{}, {"limit": 5}],
     "fair_claim_params": [
         {"queue": "q", "worker_id": WORKER, "limit": 5, "lease": SECONDS},
         {
