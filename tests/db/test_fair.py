@@ -166,3 +166,16 @@ def test_claimed_jobs_and_their_context_carry_the_key(committed: Engine) -> None
             )
             assert context.key == jobs[0].key
             conn.rollback()
+
+
+def test_a_fair_claim_leaves_out_excluded_kinds_and_honours_where(committed: Engine) -> None:
+    _flood(committed, big=50, small=3, per_small=5)
+    with committed.begin() as conn:
+        sqlaq.enqueue_many(conn, [sqlaq.NewJob("limited", key="small0") for _ in range(5)])
+    got = _claim_keys(committed, 100, exclude_kinds=["limited"], where=sqlaq.jobs.c.key != "big")
+    assert got == Counter({"small0": 5, "small1": 5, "small2": 5})
+    with committed.connect() as conn:
+        left = conn.execute(
+            text("SELECT kind, count(*) FROM sqlaq_jobs WHERE status = 'queued' GROUP BY kind")
+        ).all()
+    assert sorted(left) == [("limited", 5), ("work", 53)]  # the flood and the keyless 3
