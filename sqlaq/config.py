@@ -28,6 +28,7 @@ from sqlaq.option import (
     Integer,
     Names,
     Option,
+    Weights,
 )
 from sqlaq.schema import DEFAULT_QUEUE
 
@@ -159,6 +160,18 @@ class WorkerConfig:
             kinds stay global. Checked against the table when the worker starts.
             None (the default) claims every job of the queues.
 
+        fair: The queues claimed fairly across keys (:func:`sqlaq.claim_fair`): each
+            claim spreads over the keys with due jobs (the jobs without a key form one
+            share), weighted by *key_weights*, so a key that floods the queue gets its
+            share of this worker, not all of it. Other queues keep the plain claim
+            order; a name of a queue this worker does not serve changes nothing. Give
+            every worker of a queue the same setting: a worker without it still claims
+            each job once, in plain order. () (the default): none.
+        key_weights: The weight of a key in the fair queues (a positive int; 1 for the
+            keys not named), as a mapping (``{"vip": 3}``) or (key, weight) pairs, held
+            as pairs in key order: a key of weight 3 gets three times the share of a key
+            of weight 1 while both have due jobs.
+
     Raises:
         ConfigError: an option has an unusable type or value; the message names it.
     """
@@ -266,6 +279,25 @@ class WorkerConfig:
             Condition(),
             "claim only jobs matching this SQL boolean expression over the job's columns "
             "(worker affinity), e.g. \"payload->>'region' = 'eu'\"",
+        ),
+    )
+
+    fair: tuple[str, ...] = field(
+        default=(),
+        metadata=_option(
+            Names(empty=True),
+            "queues whose jobs are claimed fairly across their keys (a flooding key gets "
+            "its share, not the whole worker), comma-separated; repeatable",
+            repeatable=True,
+        ),
+    )
+    key_weights: tuple[tuple[str, int], ...] = field(
+        default=(),
+        metadata=_option(
+            Weights(),
+            "weights of keys in fair queues, KEY=N comma-separated (others weigh 1); repeatable",
+            flag="--key-weight",
+            repeatable=True,
         ),
     )
 

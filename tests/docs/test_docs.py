@@ -686,6 +686,40 @@ def tenants_give_up_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
     assert [job.id for job in claim().jobs] == [second]
 
 
+@prelude("tenants-fair")
+def tenants_fair_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` and a ``registry`` whose ``report`` handler does nothing; after the
+    sample (a burst worker, fair on the default queue), every job is done and the small
+    keys' jobs all started before the flood's last hundred."""
+    registry = sqlaq.Registry()
+    registry.add("report", lambda payload: None)
+    yield {"sqlaq": sqlaq, "engine": committed, "registry": registry}
+
+    with committed.connect() as conn:
+        rows = conn.execute(
+            text("SELECT key, status, attempted_at FROM sqlaq_jobs ORDER BY attempted_at, id")
+        ).all()
+    assert {row.status for row in rows} == {"done"}
+    assert len(rows) == 2040
+    last_small = max(i for i, row in enumerate(rows) if row.key != "tenant-42")
+    assert last_small < len(rows) - 100, last_small
+
+
+@prelude("tenants-key")
+def tenants_key_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """A recording ``billing``; after the sample, a job of its kind with key tenant-42,
+    run by a burst worker, charges tenant-42."""
+    charged: list[tuple[str, int]] = []
+    billing = SimpleNamespace(charge=lambda tenant, amount: charged.append((tenant, amount)))
+    namespace = _jobs_module(engine=committed, billing=billing)
+    yield namespace
+
+    with committed.begin() as conn:
+        namespace["registry"].enqueue(conn, "bill_tenant", {"amount": 5}, key="tenant-42")
+    sqlaq.Worker(committed, namespace["registry"], burst=True).run()
+    assert charged == [("tenant-42", 5)]
+
+
 class Recorder:
     """Records the arguments of every call of any of its methods, by method name."""
 
