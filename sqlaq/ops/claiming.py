@@ -23,8 +23,8 @@ from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
 from sqlaq.ops._citus import DISTRIBUTED, refuse
 from sqlaq.ops._common import _NIL, DEFAULT_LEASE, _check_positive
-from sqlaq.queries import citus as citus_queries
 from sqlaq.option import Weights
+from sqlaq.queries import citus as citus_queries
 from sqlaq.records import ClaimedJob, LimitedClaim
 from sqlaq.schema import (
     DEFAULT_QUEUE,
