@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypedDict, TypeVar, Unpack, cast
+from typing import Any, Literal, TypedDict, TypeVar, Unpack, cast
 from zoneinfo import ZoneInfo
 
 import tenacity
@@ -94,7 +94,17 @@ class HandlerOptions(TypedDict, total=False):
             slot stays taken until the thread returns, and whatever it returns
             then is not written. A sync handler that returns after its deadline
             has timed out all the same, never done; a transactional one has its
-            transaction rolled back.
+            transaction rolled back. With ``executor="process"`` a sync handler
+            past its deadline is killed instead (its child process), its slot
+            freed at once.
+        executor: Where this kind's sync handler runs: ``"thread"``, on the worker's
+            threads; ``"process"``, in the worker's pool of child processes (every
+            core for CPU-bound work, a hard timeout; see
+            :mod:`sqlaq.worker.processes`); None (the default): the worker's
+            ``executor``. ``"process"`` is refused for an ``async`` or a
+            transactional handler (their work is the worker's event loop or its
+            transaction); the function must be importable by its module and name (a
+            module-level function), as the child imports it.
     """
 
     max_attempts: int
@@ -105,6 +115,7 @@ class HandlerOptions(TypedDict, total=False):
     rate: Rate | str | None
     transaction: bool | None
     timeout: timedelta | None
+    executor: Literal["thread", "process"] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +138,8 @@ class Handler:
             the job's completion (see :meth:`Registry.handler`).
         takes_session: It declares a ``session`` parameter, passed by keyword.
         timeout: How long one attempt may run, or None for no limit.
+        executor: Where its sync handler runs: ``"thread"``, ``"process"``, or None
+            for the worker's ``executor``.
     """
 
     kind: str
@@ -141,6 +154,7 @@ class Handler:
     transaction: bool = False
     takes_session: bool = False
     timeout: timedelta | None = None
+    executor: str | None = None
 
     @property
     def limited(self) -> bool:
@@ -196,7 +210,7 @@ class Registry:
             kind: The job kind, as enqueued.
             **options: The kind's options, each described in :class:`HandlerOptions`:
                 ``max_attempts``, ``lease``, ``retry``, ``wait``, ``concurrency``,
-                ``rate``, ``transaction``, ``timeout``.
+                ``rate``, ``transaction``, ``timeout``, ``executor``.
 
         Raises:
             ConfigError: the kind is not a usable name or is already registered, or an
@@ -356,10 +370,17 @@ class Registry:
         }
         takes_session = _takes_session(func)
         resolved["transaction"] = _check_transaction(kind, given.get("transaction"), takes_session)
+        is_async = inspect.iscoroutinefunction(func)
+        if resolved["executor"] == "process" and (is_async or resolved["transaction"]):
+            sort = "an async" if is_async else "a transactional"
+            raise ConfigError(
+                f'executor="process" of {kind!r}: {sort} handler runs in the worker\'s '
+                "process; only plain sync (def) handlers can run in a child process"
+            )
         entry = Handler(
             kind=kind,
             func=func,
-            is_async=inspect.iscoroutinefunction(func),
+            is_async=is_async,
             takes_session=takes_session,
             **resolved,
         )
@@ -462,6 +483,12 @@ def _check_timeout(kind: str, value: object) -> timedelta | None:
     return value
 
 
+def _check_executor(kind: str, value: object) -> str | None:
+    if value is None or (isinstance(value, str) and value in ("thread", "process")):
+        return value
+    raise ConfigError(f'executor of {kind!r} must be "thread", "process" or None, got {value!r}')
+
+
 def _check_max_attempts(kind: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"max_attempts of {kind!r} must be an int >= 1, got {value!r}")
@@ -554,4 +581,5 @@ _OPTIONS: dict[str, tuple[object, Callable[[str, Any], object]]] = {
     "rate": (None, _check_rate),
     "transaction": (None, _no_check),
     "timeout": (None, _check_timeout),
+    "executor": (None, _check_executor),
 }
