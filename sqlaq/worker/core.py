@@ -359,6 +359,8 @@ class Worker:
             )
             self._maintenance.start()
         self._writer.start()
+        if self._processes is not None:
+            self._processes.start()
         self.started.set()
 
     def _step(self, *, claiming: bool) -> None:

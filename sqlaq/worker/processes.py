@@ -278,6 +278,17 @@ class ProcessPool:
             if not kept:  # not put back: ended (or to be), never reused
                 child.kill()
                 child.reap()
+                self._replace()
+
+    def _replace(self) -> None:
+        """Start a child in place of one that ended, at once: it starts while no job
+        waits for it (a job that comes first waits in its pipe)."""
+        try:
+            with self._lock:
+                if not self._closed and len(self._idle) + len(self._running) < self._size:
+                    self._idle.append(self._start())
+        except Exception:  # the next job tries again, and fails if it cannot
+            _log.exception("could not start a handler process")
 
     def _send(self, run: Run, message: bytes) -> _Child | Outcome | None:
         """Hand *message* to an idle child (or a new one); the child, or the outcome of
@@ -310,10 +321,23 @@ class ProcessPool:
                 child.kill()
                 child.reap()
 
+    def start(self) -> None:
+        """Start every child now (the worker is starting), so the first jobs do not
+        wait for an interpreter to start and import the handlers: a child imports its
+        handlers' modules as it starts, while the worker starts too."""
+        while True:
+            with self._lock:
+                if self._closed or len(self._idle) + len(self._running) >= self._size:
+                    return
+                self._idle.append(self._start())
+
     def _start(self) -> _Child:
         ours, theirs = self._context.Pipe(duplex=True)
         process = self._context.Process(
-            target=serve, args=(theirs,), name="sqlaq-handler", daemon=False
+            target=serve,
+            args=(theirs, list(self._references.values())),
+            name="sqlaq-handler",
+            daemon=False,
         )
         process.start()
         theirs.close()
@@ -436,12 +460,16 @@ def _not_in_a_child(context: JobContext, length: timedelta) -> Lease:
     )
 
 
-def serve(conn: Connection) -> None:
-    """A child's loop: run each job the pipe brings, answer, until told to exit (an
-    empty message) or the worker is gone (end of the pipe)."""
+def serve(conn: Connection, references: list[bytes]) -> None:
+    """A child's loop: import the handlers (*references*), then run each job the pipe
+    brings and answer, until told to exit (an empty message) or the worker is gone (the
+    end of the pipe)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's to act on
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     functions: dict[bytes, Any] = {}
+    for reference in references:
+        with contextlib.suppress(BaseException):  # (a job of it says why, if it must)
+            functions[reference] = pickle.loads(reference)  # noqa: S301 - the worker's
     while True:
         try:
             message = conn.recv_bytes()
