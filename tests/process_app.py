@@ -21,6 +21,10 @@ import sqlaq
 
 registry = sqlaq.Registry()
 
+#: A slow import, as a module importing a large library has (set in the children's
+#: environment by the test of a child's start-up, which a job's timeout must not count).
+time.sleep(float(os.environ.get("PROCESS_APP_IMPORT_SECONDS", "0")))
+
 #: What ``hog`` keeps alive in its child (its memory stays resident).
 _HELD: list[bytes] = []
 
@@ -38,6 +42,12 @@ def spin(milliseconds: float) -> int:
 @registry.handler("pid")
 def pid(payload: dict[str, Any]) -> int:
     """Return the process's pid."""
+    return os.getpid()
+
+
+@registry.handler("quick", timeout=timedelta(seconds=1))
+def quick(payload: dict[str, Any]) -> int:
+    """Return the pid at once, well within its timeout."""
     return os.getpid()
 
 

@@ -74,6 +74,8 @@ _log = logging.getLogger("sqlaq.worker")
 
 #: How long a closing pool waits for an idle child to exit before killing it.
 CLOSE_SECONDS = 2.0
+#: What a child sends once it has imported its handlers.
+_READY = b"ready"
 #: How often a slot thread waiting for a free child looks whether the pool closed.
 _WAIT_STEP = 0.5
 
@@ -142,13 +144,24 @@ def resident_memory() -> int:
 class _Child:
     """One child process and the parent's end of its pipe."""
 
-    __slots__ = ("cancelled", "conn", "jobs", "process")
+    __slots__ = ("cancelled", "conn", "jobs", "process", "ready")
 
     def __init__(self, process: BaseProcess, conn: Connection) -> None:
         self.process = process
         self.conn = conn
         self.jobs = 0
         self.cancelled = False
+        self.ready = False  # it said it imported its handlers
+
+    def wait_ready(self) -> bool:
+        """Wait until it has imported its handlers (a job's deadline starts after
+        that); False if it died first."""
+        wait([self.conn, self.process.sentinel])
+        try:
+            self.ready = self.conn.poll() and self.conn.recv_bytes() == _READY
+        except (EOFError, OSError):
+            self.ready = False
+        return self.ready
 
     @property
     def pid(self) -> int | None:
@@ -265,7 +278,7 @@ class ProcessPool:
             # it died
             if child.cancelled or context.cancelled:
                 return Finished(run, CANCELLED, duration)
-            died = HandlerProcessDied(f"the handler's process {_ending(child)}")
+            died = HandlerProcessDied(f"the handler's {_ending(child)}")
             if not self._closed:
                 _log.warning("a job's process died", extra=_extra(run, child))
             return Finished(run, decide(handler, job, died), duration)
@@ -312,6 +325,17 @@ class ProcessPool:
                         child.reap()
                         return None
                     self._running[run.token] = child
+            if not child.ready and not child.wait_ready():
+                # It died as it started (its deadline had not begun): the job fails.
+                with self._lock:
+                    self._running.pop(run.token, None)
+                    closed = self._closed
+                ending = _ending(child, "as it started")
+                child.reap()
+                if closed:
+                    return None
+                _log.error("a handler process died as it started: %s", ending)
+                return decide(run.handler, run.job, HandlerProcessDied(f"the handler's {ending}"))
             try:
                 child.conn.send_bytes(message)
                 return child
@@ -434,20 +458,21 @@ def _extra(run: Run, child: _Child) -> dict[str, Any]:
     return extra
 
 
-def _ending(child: _Child) -> str:
-    """How *child* ended, for ``last_error``."""
+def _ending(child: _Child, when: str = "before the handler returned") -> str:
+    """How *child* ended, for ``last_error``: ``process (pid N) was killed by SIGKILL``
+    and *when*."""
     child.process.join(CLOSE_SECONDS)
     code = child.process.exitcode
     pid = child.pid
     if code is None:
-        return f"(pid {pid}) stopped answering"
+        return f"process (pid {pid}) stopped answering"
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return f"(pid {pid}) was killed by {name} before the handler returned"
-    return f"(pid {pid}) exited with code {code} before the handler returned"
+        return f"process (pid {pid}) was killed by {name} {when}"
+    return f"process (pid {pid}) exited with code {code} {when}"
 
 
 # -- the child ------------------------------------------------------------------------
@@ -470,6 +495,10 @@ def serve(conn: Connection, references: list[bytes]) -> None:
     for reference in references:
         with contextlib.suppress(BaseException):  # (a job of it says why, if it must)
             functions[reference] = pickle.loads(reference)  # noqa: S301 - the worker's
+    try:
+        conn.send_bytes(_READY)
+    except (OSError, EOFError):
+        return
     while True:
         try:
             message = conn.recv_bytes()

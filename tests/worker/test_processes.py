@@ -95,6 +95,18 @@ def test_a_handler_stuck_past_its_timeout_is_killed_and_its_slot_runs_the_next_j
     assert elapsed < 20  # not the handler's hour, nor a lease's wait
 
 
+def test_a_job_s_deadline_does_not_count_its_child_s_start(
+    committed: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROCESS_APP_IMPORT_SECONDS", "1.5")  # the children's import
+    recorder = Recorder()
+    with process_worker(committed, recorder, processes=1):
+        job_id = enqueue(committed, "quick")  # a 1 s timeout
+        (result,) = recorder.wait_for(1)
+    assert result.status == sqlaq.JobStatus.DONE, result.error
+    assert result_of(committed, job_id) != os.getpid()
+
+
 def test_a_child_is_replaced_after_max_jobs_per_child(committed: Engine) -> None:
     recorder = Recorder()
     with process_worker(committed, recorder, processes=1, max_jobs_per_child=2):
