@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -62,6 +64,14 @@ def cpu(payload: dict[str, Any]) -> int:
 def sleep(payload: dict[str, Any]) -> None:
     """Stuck in C code (``time.sleep``) far past its timeout."""
     time.sleep(payload.get("seconds", 3600))
+
+
+@registry.handler("spawner", timeout=timedelta(seconds=1))
+def spawner(payload: dict[str, Any]) -> None:
+    """Start a process of its own (its pid written to ``pid_file``), then get stuck."""
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    Path(payload["pid_file"]).write_text(str(grandchild.pid))
+    time.sleep(3600)
 
 
 @registry.handler("busy", timeout=timedelta(seconds=1))

@@ -20,9 +20,10 @@ so the rest of the worker (claims, leases, the writer) is unchanged:
   a thread. ``current_job().extend_lease()`` is refused in a child (a clear
   RuntimeError); ``current_job().cancelled`` stays False there: a cancel kills the
   child instead, its job written cancelled as usual.
-* Hard timeouts: at the handler's deadline the child is killed (SIGKILL), the attempt
-  written timed out (retried per the handler's policy) and the slot is free at once;
-  the next job gets a new child.
+* Hard timeouts: at the handler's deadline the child is killed (SIGKILL, to its
+  process group: each child makes one, so the processes its handler started die with
+  it), the attempt written timed out (retried per the handler's policy) and the slot is
+  free at once; the next job gets a new child.
 * A child that dies while it runs a job (a signal, a crash in C code, ``os._exit``)
   fails that job with :class:`~sqlaq.errors.HandlerProcessDied` (retried per
   policy); the other children and their jobs go on.
@@ -168,6 +169,16 @@ class _Child:
         return self.process.pid
 
     def kill(self) -> None:
+        """SIGKILL to its process group (what its handler started dies with it), or
+        to it alone before it made that group."""
+        pid = self.process.pid
+        killpg = getattr(os, "killpg", None)
+        if pid is not None and killpg is not None and self.process.exitcode is None:
+            try:
+                killpg(pid, signal.SIGKILL)
+                return
+            except OSError:  # no such group yet (it is starting): the child alone
+                pass
         with contextlib.suppress(OSError, ValueError):  # gone already, or closed
             self.process.kill()
 
@@ -491,6 +502,9 @@ def serve(conn: Connection, references: list[bytes]) -> None:
     end of the pipe)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's to act on
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if hasattr(os, "setpgid"):  # a group of its own: a kill takes what it started too
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
     functions: dict[bytes, Any] = {}
     for reference in references:
         with contextlib.suppress(BaseException):  # (a job of it says why, if it must)

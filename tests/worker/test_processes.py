@@ -95,6 +95,18 @@ def test_a_handler_stuck_past_its_timeout_is_killed_and_its_slot_runs_the_next_j
     assert elapsed < 20  # not the handler's hour, nor a lease's wait
 
 
+def test_what_a_killed_handler_started_is_killed_with_it(committed: Engine, tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild"
+    recorder = Recorder()
+    with process_worker(committed, recorder, processes=1):
+        enqueue(committed, "spawner", {"pid_file": str(pid_file)})
+        (result,) = recorder.wait_for(1)
+    assert result.error == "sqlaq.errors.JobTimeoutError: timed out after 1s"
+    grandchild = int(pid_file.read_text())
+    # (not this process's child: the init process reaps it once it is killed)
+    wait_until(lambda: not alive(grandchild), 10, "the handler's own process to end")
+
+
 def test_a_job_s_deadline_does_not_count_its_child_s_start(
     committed: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
