@@ -69,7 +69,14 @@ from sqlaq.outcome import CANCELLED, Outcome, Verdict, decide, describe_error
 from sqlaq.registry import Handler
 from sqlaq.worker.run import Finished, Run, timed_out
 
-__all__ = ["ProcessPool", "for_worker", "handler_reference", "in_a_process", "resident_memory"]
+__all__ = [
+    "ProcessPool",
+    "cpus",
+    "for_worker",
+    "handler_reference",
+    "in_a_process",
+    "resident_memory",
+]
 
 _log = logging.getLogger("sqlaq.worker")
 
@@ -103,11 +110,23 @@ def for_worker(registry: Iterable[Handler], config: WorkerConfig) -> ProcessPool
     if not references:
         return None
     return ProcessPool(
-        config.processes or os.cpu_count() or 1,
+        config.processes or cpus(),
         references,
         max_jobs_per_child=config.max_jobs_per_child,
         max_memory_per_child=config.max_memory_per_child * 2**20,
     )
+
+
+def cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the system tells it): the
+    default number of children."""
+    counted = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if counted is not None:
+        return int(counted() or 1)
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def handler_reference(handler: Handler) -> bytes:
