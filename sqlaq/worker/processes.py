@@ -218,7 +218,8 @@ class ProcessPool:
     :class:`~sqlaq.worker.run.Finished` run.
 
     Args:
-        size: The most children at once (started as jobs need them).
+        size: The most children at once (:meth:`start` starts them all; one that ends
+            is replaced at once).
         references: Each kind run here, and its function pickled by reference
             (:func:`handler_reference`).
         max_jobs_per_child: Replace a child after this many jobs (0: never).
@@ -267,6 +268,9 @@ class ProcessPool:
         while not self._free.acquire(timeout=_WAIT_STEP):
             if self._closed:  # its job was handed back: nothing of it is written
                 return Finished(run, CANCELLED, 0.0)
+        if run.context.cancelled:  # cancelled while it waited for a child: never started
+            self._free.release()
+            return Finished(run, CANCELLED, 0.0)
         try:
             return self._run(run, started)
         finally:
