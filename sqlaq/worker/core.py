@@ -359,7 +359,7 @@ class Worker:
             )
             self._maintenance.start()
         self._writer.start()
-        if self._processes is not None:
+        if self._processes is not None:  # its children ready before the first claim
             self._processes.start()
         self.started.set()
 

@@ -82,6 +82,8 @@ _log = logging.getLogger("sqlaq.worker")
 
 #: How long a closing pool waits for an idle child to exit before killing it.
 CLOSE_SECONDS = 2.0
+#: How long a starting worker waits for its children to import their handlers.
+READY_SECONDS = 60.0
 #: What a child sends once it has imported its handlers.
 _READY = b"ready"
 #: How often a slot thread waiting for a free child looks whether the pool closed.
@@ -173,10 +175,11 @@ class _Child:
         self.cancelled = False
         self.ready = False  # it said it imported its handlers
 
-    def wait_ready(self) -> bool:
+    def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until it has imported its handlers (a job's deadline starts after
-        that); False if it died first."""
-        wait([self.conn, self.process.sentinel])
+        that); False if it died first, or is still starting after *timeout*."""
+        if not wait([self.conn, self.process.sentinel], timeout):
+            return False
         try:
             self.ready = self.conn.poll() and self.conn.recv_bytes() == _READY
         except (EOFError, OSError):
@@ -380,14 +383,29 @@ class ProcessPool:
                 child.reap()
 
     def start(self) -> None:
-        """Start every child now (the worker is starting), so the first jobs do not
-        wait for an interpreter to start and import the handlers: a child imports its
-        handlers' modules as it starts, while the worker starts too."""
-        while True:
-            with self._lock:
-                if self._closed or len(self._idle) + len(self._running) >= self._size:
-                    return
-                self._idle.append(self._start())
+        """Start every child and wait until each has imported its handlers (at most
+        :data:`READY_SECONDS`), as the worker starts: it claims no job before a child
+        can run it, and the first jobs do not wait for an interpreter to start."""
+        started: list[_Child] = []
+        with self._lock:
+            while not self._closed and len(self._idle) + len(self._running) < self._size:
+                child = self._start()
+                self._idle.append(child)
+                started.append(child)
+        deadline = monotonic() + READY_SECONDS
+        for child in started:
+            if child.wait_ready(max(0.0, deadline - monotonic())):
+                continue
+            if child.process.exitcode is None:  # still starting: a job will wait for it
+                _log.warning(
+                    "a handler process is not ready after %gs; starting anyway", READY_SECONDS
+                )
+                continue
+            with self._lock:  # it died as it started: the next job starts another
+                if child in self._idle:
+                    self._idle.remove(child)
+            _log.error("a handler process died as it started: %s", _ending(child, "at start"))
+            child.reap()
 
     def _start(self) -> _Child:
         ours, theirs = self._context.Pipe(duplex=True)
