@@ -173,9 +173,10 @@ class WorkerConfig:
             option overrides it for that kind; ``async`` and transactional handlers
             always run in the worker's process.
         processes: How many child processes the process executor keeps (1 to 1,024);
-            None (the default, ``auto``) is the number of CPUs the worker may run on.
-            They start with the worker. When every handler runs in processes and
-            ``concurrency`` is left at its default, the concurrency is this number.
+            None (the default, ``auto``) is the number of CPUs the worker may run on;
+            never more than ``concurrency``. They start with the worker. When every
+            handler runs in processes and ``concurrency`` is left at its default, the
+            concurrency is this number.
         max_jobs_per_child: A child process is replaced after running this many jobs
             (0, the default: never): for handlers that leak.
         max_memory_per_child: A child process whose resident memory exceeds this many

@@ -112,7 +112,7 @@ def for_worker(registry: Iterable[Handler], config: WorkerConfig) -> ProcessPool
     if not references:
         return None
     return ProcessPool(
-        config.processes or cpus(),
+        min(config.processes or cpus(), config.concurrency),  # no idle children by design
         references,
         max_jobs_per_child=config.max_jobs_per_child,
         max_memory_per_child=config.max_memory_per_child * 2**20,

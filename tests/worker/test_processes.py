@@ -294,6 +294,7 @@ def test_per_handler_executor_beside_threads(committed: Engine) -> None:
     recorder = Recorder()
     worker = sqlaq.Worker(committed, mixed, on_job_finished=recorder.finished, **FAST)
     assert worker.config.concurrency == sqlaq.WorkerConfig().concurrency  # not all in children
+    assert sqlaq.Worker(committed, mixed, concurrency=1, **FAST)._processes.size == 1  # type: ignore[union-attr]
     with running(worker):
         child = enqueue(committed, "in_child")
         here = enqueue(committed, "on_thread")
