@@ -174,9 +174,11 @@ class WorkerConfig:
             always run in the worker's process.
         processes: How many child processes the process executor keeps (1 to 1,024);
             None (the default, ``auto``) is the number of CPUs the worker may run on;
-            never more than ``concurrency``. They start with the worker. When every
-            handler runs in processes and ``concurrency`` is left at its default, the
-            concurrency is this number.
+            never more than ``concurrency``. They start with the worker. A child runs
+            one job at a time; the worker's other jobs in hand (up to ``concurrency``)
+            wait for a free child, their leases kept and their timeouts not started:
+            short handlers need jobs waiting (claims then come in batches), while a
+            worker sharing long jobs with others may set ``concurrency`` to this number.
         max_jobs_per_child: A child process is replaced after running this many jobs
             (0, the default: never): for handlers that leak.
         max_memory_per_child: A child process whose resident memory exceeds this many

@@ -45,7 +45,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy import exc as sa_exc
 
 from sqlaq import ops, queries
-from sqlaq.config import DEFAULT_CONCURRENCY, WorkerConfig, check_options
+from sqlaq.config import WorkerConfig, check_options
 from sqlaq.dsn import ASYNC_DRIVERS, SYNC_DRIVER, sync_url
 from sqlaq.errors import ConfigError, SchemaOutOfDateError
 
@@ -146,12 +146,6 @@ class Worker:
             config = WorkerConfig.from_options(config, **options)
         # Before anything is started: a handler that cannot reach a child is refused.
         self._processes = processes.for_worker(registry, config)
-        if (
-            self._processes is not None
-            and config.concurrency == DEFAULT_CONCURRENCY
-            and all(processes.in_a_process(h, config.executor) for h in registry)
-        ):  # the default: no more jobs in hand than children to run them
-            config = replace(config, concurrency=self._processes.size)
         self.config = config
         self._own_engine = not isinstance(engine, Engine)
         engine = sync_engine(engine, pool.sized(config, registry))

@@ -67,7 +67,8 @@ def test_a_cpu_bound_handler_runs_in_another_process(committed: Engine) -> None:
     assert os.getpid() not in pids
     assert pids <= set(children)
     assert 1 <= len(pids) <= 2
-    assert worker.config.concurrency == 2  # every handler in processes: the default follows
+    assert worker._processes is not None
+    assert worker._processes.size == 2
     assert not any(alive(pid) for pid in children)  # the worker's close ended them
 
 
@@ -124,7 +125,8 @@ def test_a_job_s_deadline_does_not_count_its_child_s_start(
 
 def test_a_child_is_replaced_after_max_jobs_per_child(committed: Engine) -> None:
     recorder = Recorder()
-    with process_worker(committed, recorder, processes=1, max_jobs_per_child=2):
+    # (concurrency 1: the jobs run in the order of their ids)
+    with process_worker(committed, recorder, processes=1, max_jobs_per_child=2, concurrency=1):
         ids = [enqueue(committed, "pid") for _ in range(5)]
         recorder.wait_for(5)
     pids = [result_of(committed, i) for i in sorted(ids)]
