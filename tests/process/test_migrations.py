@@ -115,6 +115,7 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_trigger", "sqlaq_jobs_deps_trg"),
         ("pg_type", "sqlaq_job_deps"),
         ("pg_type", "_sqlaq_job_deps"),
+        ("pg_class", "sqlaq_jobs_key_idx"),
     }
 )
 # NOT NULL constraints are left out (contype 'n'): PostgreSQL 18 lists them in
@@ -166,6 +167,11 @@ EXPECTED_INDEXES = {
     "sqlaq_jobs_waiting_idx": (
         "CREATE INDEX sqlaq_jobs_waiting_idx ON public.sqlaq_jobs USING btree (id) "
         "WHERE ((status = 'queued'::text) AND (parent_ids IS NOT NULL))"
+    ),
+    "sqlaq_jobs_key_idx": (
+        "CREATE INDEX sqlaq_jobs_key_idx ON public.sqlaq_jobs USING btree (kind, key, id) "
+        "WHERE ((key IS NOT NULL) AND (status = ANY (ARRAY['queued'::text, 'running'::text, "
+        "'failed'::text])))"
     ),
     "sqlaq_jobs_pkey": "CREATE UNIQUE INDEX sqlaq_jobs_pkey ON public.sqlaq_jobs USING btree (id)",
 }
@@ -599,7 +605,7 @@ def test_operators_revision_rewrites_nothing_and_walks_back_to_0003(fresh_url: s
         assert (
             _objects(conn)
             == before | OPERATOR_OBJECTS
-            == (SQLAQ_OBJECTS - DEBOUNCE_OBJECTS - WORKFLOW_OBJECTS)
+            == (SQLAQ_OBJECTS - DEBOUNCE_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS)
         )
         assert _columns(conn) == [*columns_before, "headers"]
         headers = conn.execute(text("SELECT DISTINCT headers FROM sqlaq_jobs")).all()
@@ -645,7 +651,11 @@ def test_debounce_revision_rewrites_nothing_and_walks_back_to_0004(fresh_url: st
         sqlaq.migrations.upgrade(conn, "sqlaq_0005")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0005"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | DEBOUNCE_OBJECTS == SQLAQ_OBJECTS - WORKFLOW_OBJECTS
+        assert (
+            _objects(conn)
+            == before | DEBOUNCE_OBJECTS
+            == SQLAQ_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS
+        )
         assert _columns(conn) == [*columns_before, "debounce_key", "timeout"]
         added = conn.execute(text("SELECT DISTINCT debounce_key, timeout FROM sqlaq_jobs")).all()
         assert [tuple(row) for row in added] == [(None, None)]
@@ -1070,10 +1080,10 @@ def test_workflow_revision_rewrites_nothing_and_walks_back_to_0005(fresh_url: st
         file_before = conn.execute(relfilenode).scalar_one()
         conn.commit()
 
-        sqlaq.migrations.upgrade(conn)
-        assert sqlaq.migrations.check(conn, deep=True) == "sqlaq_0006"
+        sqlaq.migrations.upgrade(conn, "sqlaq_0006")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0006"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | WORKFLOW_OBJECTS == SQLAQ_OBJECTS
+        assert _objects(conn) == before | WORKFLOW_OBJECTS == SQLAQ_OBJECTS - KEY_OBJECTS
         assert _columns(conn) == [
             *columns_before,
             "has_dependents",
@@ -1177,3 +1187,38 @@ def test_a_branch_label_downgrades_one_branch_and_leaves_the_other(
         assert _versions(conn, "alembic_version") == sorted([host_first, HEAD])
         assert _objects(conn) == SQLAQ_OBJECTS
         assert _tables(conn, "orders", "invoices") == {"orders": True, "invoices": False}
+
+
+#: What sqlaq_0007 adds to sqlaq_0006's objects: the key index.
+KEY_OBJECTS = frozenset({("pg_class", "sqlaq_jobs_key_idx")})
+
+
+def test_keys_revision_rewrites_nothing_and_walks_back_to_0006(fresh_url: str) -> None:
+    """sqlaq_0007 on a table with rows keeps its file (``key`` is nullable without a
+    default), adds the key index only, and a downgrade to sqlaq_0006 removes exactly
+    what it added."""
+    relfilenode = text("SELECT relfilenode FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
+    with _connect(fresh_url) as conn:
+        sqlaq.migrations.upgrade(conn, "sqlaq_0006")
+        conn.execute(text("INSERT INTO sqlaq_jobs (kind) SELECT 'k' FROM generate_series(1, 100)"))
+        conn.commit()
+        before = _objects(conn)
+        columns_before = _columns(conn)
+        file_before = conn.execute(relfilenode).scalar_one()
+        conn.commit()
+
+        sqlaq.migrations.upgrade(conn)
+        assert sqlaq.migrations.check(conn, deep=True) == "sqlaq_0007"
+        assert conn.execute(relfilenode).scalar_one() == file_before
+        assert _objects(conn) == before | KEY_OBJECTS == SQLAQ_OBJECTS
+        assert _columns(conn) == [*columns_before, "key"]
+        keys = conn.execute(text("SELECT DISTINCT key FROM sqlaq_jobs")).scalars().all()
+        assert keys == [None]
+        conn.commit()
+
+        sqlaq.migrations.downgrade(conn, "sqlaq_0006")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0006"
+        assert _objects(conn) == before
+        assert _columns(conn) == columns_before
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
+        conn.commit()
