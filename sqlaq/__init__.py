@@ -21,6 +21,7 @@ from sqlaq.encoding import JobBatch, NewJob
 from sqlaq.errors import (
     ConfigError,
     DatabaseUnavailableError,
+    HandlerProcessDied,
     InvalidJobError,
     JobTimeoutError,
     LeaseLostError,
@@ -180,6 +181,7 @@ __all__ = [
     "EnqueueOutcome",
     "EnqueueResult",
     "Handler",
+    "HandlerProcessDied",
     "InvalidJobError",
     "Job",
     "JobBatch",

@@ -21,6 +21,7 @@ from sqlaq.ops import DEFAULT_LEASE
 from sqlaq.option import (
     AutoInteger,
     Boolean,
+    Choice,
     Condition,
     DatabaseUrl,
     Domain,
@@ -45,7 +46,9 @@ __all__ = [
     "DEFAULT_RETAIN_DONE",
     "DEFAULT_RETAIN_FAILED",
     "DEFAULT_START_TIMEOUT",
+    "EXECUTORS",
     "MAX_CONCURRENCY",
+    "MAX_PROCESSES",
     "WORKER_OPTIONS",
     "WorkerConfig",
     "check_options",
@@ -74,6 +77,11 @@ DEFAULT_RETAIN_DONE = timedelta(days=7)
 DEFAULT_RETAIN_FAILED = timedelta(days=30)
 #: Upper bound of concurrency (and prefetch): each sync slot is a thread.
 MAX_CONCURRENCY = 10_000
+#: Where sync handlers run (:mod:`sqlaq.worker.processes`): ``thread``, the worker's
+#: own threads, or ``process``, a pool of child processes.
+EXECUTORS = ("thread", "process")
+#: Upper bound of ``processes``, the child processes of the process executor.
+MAX_PROCESSES = 1024
 
 _OPTION = "sqlaq.option"
 
@@ -159,6 +167,25 @@ class WorkerConfig:
             claimed nor locked, and are left to other workers. The limits of limited
             kinds stay global. Checked against the table when the worker starts.
             None (the default) claims every job of the queues.
+        executor: Where sync (``def``) handlers run: ``"thread"`` (the default), on the
+            worker's threads; or ``"process"``, in a pool of child processes
+            (:mod:`sqlaq.worker.processes`): CPU-bound handlers get every core, and a
+            handler past its ``timeout`` is killed. A handler's own ``executor``
+            option overrides it for that kind; ``async`` and transactional handlers
+            always run in the worker's process.
+        processes: How many child processes the process executor keeps (1 to 1,024);
+            None (the default, ``auto``) is the number of CPUs the worker may run on;
+            never more than ``concurrency``. They start with the worker. A child runs
+            one job at a time; the worker's other jobs in hand (up to ``concurrency``)
+            wait for a free child, their leases kept and their timeouts not started:
+            short handlers need jobs waiting (claims then come in batches), while a
+            worker sharing long jobs with others may set ``concurrency`` to this number.
+        max_jobs_per_child: A child process is replaced after running this many jobs
+            (0, the default: never): for handlers that leak.
+        max_memory_per_child: A child process whose resident memory exceeds this many
+            MiB after a job is replaced (0, the default: no ceiling). The child reads
+            its own RSS after each job (``/proc/self/statm`` on Linux; elsewhere its
+            peak RSS, ``getrusage``); a job is never cut short for it.
 
         fair: The queues claimed fairly across keys (:func:`sqlaq.claim_fair`): each
             claim spreads over the keys with due jobs (the jobs without a key form one
@@ -298,6 +325,37 @@ class WorkerConfig:
             "weights of keys in fair queues, KEY=N comma-separated (others weigh 1); repeatable",
             flag="--key-weight",
             repeatable=True,
+        ),
+    )
+    executor: str = field(
+        default="thread",
+        metadata=_option(
+            Choice(EXECUTORS),
+            "where sync handlers run: the worker's threads, or a pool of child processes "
+            "(CPU-bound handlers, hard timeouts)",
+        ),
+    )
+    processes: int | None = field(
+        default=None,
+        metadata=_option(
+            AutoInteger(1, MAX_PROCESSES),
+            "child processes of the process executor; 'auto': one per CPU",
+        ),
+    )
+    max_jobs_per_child: int = field(
+        default=0,
+        metadata=_option(
+            Integer(0, 2**31 - 1),
+            "replace a child process after this many jobs (process executor); 0: never",
+        ),
+    )
+    max_memory_per_child: int = field(
+        default=0,
+        metadata=_option(
+            Integer(0, 2**31 - 1),
+            "replace a child process whose resident memory exceeds this many MiB after a "
+            "job (process executor); 0: no ceiling",
+            metavar="MIB",
         ),
     )
 

@@ -839,6 +839,46 @@ def results_prelude(
     assert tuple(stored) == ("done", {"url": "https://reports.example/7.pdf", "pages": 12})
 
 
+@prelude("process-handler")
+def process_handler_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
+    """A module's namespace; then the sample's handler is registered for the process
+    executor, and runs (``drain`` runs it in this process: the worker test runs it in a
+    child, tests/worker/test_processes.py)."""
+    namespace: dict[str, Any] = {"__name__": "myapp.jobs"}
+    yield namespace
+    registry: sqlaq.Registry = namespace["registry"]
+    handler = registry.get("count_primes")
+    assert handler is not None
+    assert (handler.executor, handler.timeout) == ("process", timedelta(minutes=5))
+    job_id = sqlaq.enqueue(clean_conn, "count_primes", {"below": 100}).job_id
+    (result,) = drain(clean_conn, registry)
+    assert (result.id, result.status) == (job_id, "done")
+    stored = text("SELECT result FROM sqlaq_jobs WHERE id = :id")
+    assert clean_conn.execute(stored, {"id": job_id}).scalar_one() == 25
+
+
+@prelude("process-worker")
+def process_worker_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database, ``registry`` the handlers of the process
+    executor's tests (tests/process_app.py: a child imports them by name) and a job of
+    its CPU-bound kind; then that job is done, by another process."""
+    import process_app
+
+    with committed.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "cpu", {"ms": 1}).job_id
+    namespace: dict[str, Any] = {"engine": committed, "registry": process_app.registry}
+    namespace.update(_jobs_module(**namespace))
+    yield namespace
+    assert namespace["worker"].config.max_memory_per_child == 512
+    with committed.connect() as conn:
+        row = conn.execute(
+            text("SELECT status, result FROM sqlaq_jobs WHERE id = :id"), {"id": job_id}
+        ).one()
+    assert row.status == "done"
+    assert isinstance(row.result, int)
+    assert row.result != os.getpid()
+
+
 @prelude("transactional")
 def transactional_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
     """``engine`` on the test database, a host table ``invoices`` mapped as ``Invoice``
