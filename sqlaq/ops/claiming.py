@@ -232,8 +232,6 @@ def _narrowed_claim(where: Any, variant: str) -> Any:
         stmt = queries.keyed_candidates_stmt(
             ordered=variant != "keyed", where=list(clauses), per_queue=variant == "citus-ordered"
         )
-    if variant in ("keyed", "ordered"):
-        stmt = queries.keyed_candidates_stmt(ordered=variant == "ordered", where=list(clauses))
     elif variant in ("fair", "fair-excluding"):
         stmt = queries.fair_claim_stmt(exclude_kinds=variant != "fair", where=list(clauses))
     else:

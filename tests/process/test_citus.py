@@ -445,7 +445,7 @@ def test_cancel_sweep_retry_and_prune_run_queue_by_queue(distributed: Engine) ->
 
 @needs_citus
 def test_a_later_revision_upgrades_a_distributed_table(installed: Engine) -> None:
-    """Distributed at sqlaq_0006, then the upgrade to sqlaq_0007 (a column, an index, the
+    """Distributed at sqlaq_0006, then the upgrade to the head (sqlaq_0007: a column, an index, the
     revision function) on the distributed table: refused in one parallel transaction,
     done with ``citus.multi_shard_modify_mode = sequential``; the operations then use the
     new key column on Citus."""
@@ -462,7 +462,7 @@ def test_a_later_revision_upgrades_a_distributed_table(installed: Engine) -> Non
     with installed.begin() as conn:
         conn.execute(text("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'"))
         migrations.upgrade(conn)
-        assert migrations.check(conn) == migrations.HEAD == "sqlaq_0007"
+        assert migrations.check(conn) == migrations.HEAD
     engine = create_engine(CITUS)
     try:
         with engine.begin() as conn:
