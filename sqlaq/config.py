@@ -188,9 +188,9 @@ class WorkerConfig:
             peak RSS, ``getrusage``); a job is never cut short for it.
 
         fair: The queues claimed fairly across keys (:func:`sqlaq.claim_fair`): each
-            claim spreads over the keys with due jobs (the jobs without a key form one
-            share), weighted by *key_weights*, so a key that floods the queue gets its
-            share of this worker, not all of it. Other queues keep the plain claim
+            claim spreads over the keys with due jobs (a job without a key takes the
+            slots the keys leave), weighted by *key_weights*, so a key that floods the
+            queue gets its share of this worker, not all of it. Other queues keep the plain claim
             order; a name of a queue this worker does not serve changes nothing. Give
             every worker of a queue the same setting: a worker without it still claims
             each job once, in plain order. () (the default): none.

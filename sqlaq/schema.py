@@ -260,16 +260,17 @@ jobs = Table(
     ),
     Index(WAITING_INDEX, "id", postgresql_where=text(WAITING_SQL)),
     Index(KEY_INDEX, "kind", "key", "id", postgresql_where=text(KEY_SQL)),
-    # Fair claiming (sqlaq_0009): a queue's pending jobs by share (the key, '' for none)
-    # in claim order, walked one share at a time (see sqlaq.queries.fair_claim_stmt).
+    # Fair claiming (sqlaq_0009): a queue's pending keyed jobs by key in claim order,
+    # walked one key at a time (see sqlaq.queries.fair_claim_stmt); jobs without a key
+    # are not in it, so they cost it nothing.
     Index(
         FAIR_INDEX,
         "queue",
-        text("coalesce(key, '')"),
+        "key",
         text("priority DESC"),
         "run_at",
         "id",
-        postgresql_where=text(PENDING_SQL),
+        postgresql_where=text(f"{PENDING_SQL} AND key IS NOT NULL"),
     ),
 )
 

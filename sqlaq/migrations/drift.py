@@ -116,9 +116,9 @@ EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
     ),
     "sqlaq_jobs_fair_idx": (
         TABLE_NAME,
-        "CREATE INDEX sqlaq_jobs_fair_idx ON sqlaq_jobs USING btree (queue, "
-        "COALESCE(key, ''::text), priority DESC, run_at, id) "
-        "WHERE (status = ANY (ARRAY['queued'::text, 'running'::text]))",
+        "CREATE INDEX sqlaq_jobs_fair_idx ON sqlaq_jobs USING btree (queue, key, "
+        "priority DESC, run_at, id) WHERE ((status = ANY (ARRAY['queued'::text, "
+        "'running'::text])) AND (key IS NOT NULL))",
     ),
     "sqlaq_job_deps_child_id_idx": (
         DEPS_TABLE,

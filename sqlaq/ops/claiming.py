@@ -152,7 +152,8 @@ def claim_fair(
     the jobs' keys: :func:`claim`, but a key with a deep backlog gets its share of the
     claim, not all of it.
 
-    Each key is a share (the jobs without a key form one share together); a claim
+    Each key is a share (a job without a key is in none: it takes the slots the keys
+    leave, in plain order; give every job of a fair queue a key); a claim
     takes from each share with due jobs about ``limit * weight / total weight`` jobs
     (at least one), its first in claim order (priority, then ``run_at``, then id), and
     keeps the *limit* that rank first within their share per unit of weight (ties: the

@@ -491,19 +491,18 @@ def fair_claim_stmt(
 ) -> Update:
     """Claim up to ``b_limit`` due jobs of ``b_queue``, shared fairly between its keys.
 
-    The jobs of a queue are split into shares by their ``key`` (the jobs without a key
-    form one share). The claim walks the shares that have pending jobs through the
-    fair index (:data:`sqlaq.schema.FAIR_INDEX`: a loose index scan, one probe per
-    share, whatever its depth), then takes from each share its first
-    ``ceil(b_limit * weight / total weight)`` due jobs in claim order (``FOR UPDATE
-    SKIP LOCKED``), and keeps the ``b_limit`` of them that come first by their rank
-    within their share divided by the share's weight, then priority, then at random
-    (so equal shares take turns, claim after claim). A share's weight is its key's in
+    The keyed jobs of a queue are split into shares by their ``key``. The claim walks
+    the keys that have claimable jobs through the fair index
+    (:data:`sqlaq.schema.FAIR_INDEX`: a loose index scan, one probe per key, whatever
+    its depth), allots the ``b_limit`` slots to the keys by weight (a key's j-th job
+    scores ``j / weight``, the lowest scores win, ties at random, so equal keys take
+    turns claim after claim), then takes from each key its allotted first due jobs in
+    claim order (``FOR UPDATE SKIP LOCKED``). A key's weight is its own in
     ``b_weights`` (the weights of the keys of ``b_weight_keys``, in that order), else 1.
-    When the shares give fewer than ``b_limit`` (few shares have due jobs), the claim
-    takes the rest in plain claim order, so a claim comes back short only when fewer
-    jobs are due. The rows read but not kept (at most one per share) stay locked until
-    the statement's transaction ends.
+    When the keys give fewer than ``b_limit``, the claim takes the rest in plain claim
+    order, jobs without a key included: those are no share of their own (the fair index
+    holds keyed rows only, so a job without a key costs it nothing), they take the
+    slots the keys leave. A claim comes back short only when fewer jobs are due.
 
     With *exclude_kinds*, jobs of the kinds bound as ``b_excluded`` are left out (the
     limited kinds, see :func:`claim_stmt`); *where* narrows the claim as
@@ -514,31 +513,27 @@ def fair_claim_stmt(
     Renders::
 
         WITH RECURSIVE walk(k) AS (
-            (SELECT coalesce(key, '') FROM sqlaq_jobs
-             WHERE status IN ('queued', 'running') AND queue = :b_queue
-               AND NOT EXISTS (<the queue is paused>) ORDER BY 1 LIMIT 1)
+            (SELECT key FROM sqlaq_jobs
+             WHERE <pending> AND queue = :b_queue AND key IS NOT NULL AND run_at <= now()
+               AND NOT EXISTS (<the queue is paused>) ORDER BY key LIMIT 1)
             UNION ALL
-            SELECT (SELECT coalesce(j.key, '') FROM sqlaq_jobs AS j
-                    WHERE <pending> AND j.queue = :b_queue AND coalesce(j.key, '') > walk.k
-                    ORDER BY 1 LIMIT 1)
+            SELECT (SELECT key FROM sqlaq_jobs WHERE <pending> AND queue = :b_queue
+                    AND key IS NOT NULL AND run_at <= now() AND key > walk.k
+                    ORDER BY key LIMIT 1)
             FROM walk WHERE walk.k IS NOT NULL),
         shares AS MATERIALIZED (SELECT k, coalesce((:b_weights)[array_position(
             :b_weight_keys, k)], 1) AS w FROM walk WHERE k IS NOT NULL),
+        allotted AS MATERIALIZED (SELECT k, count(*) AS n FROM (<the b_limit lowest
+            scores j / w over generate_series(1, ceil(b_limit * w / sum(w)))>) GROUP BY k),
         fair AS MATERIALIZED (
-            SELECT p.id, shares.w, row_number() OVER (PARTITION BY shares.k ORDER BY
-                   p.priority DESC, p.run_at, p.id) AS rn, p.priority
-            FROM shares JOIN LATERAL (
-                SELECT id, priority, run_at FROM sqlaq_jobs WHERE <pending>
-                  AND queue = :b_queue AND coalesce(key, '') = shares.k AND run_at <= now()
-                ORDER BY priority DESC, run_at, id
-                LIMIT ceil(:b_limit * shares.w / (SELECT sum(w) FROM shares))
+            SELECT p.id FROM allotted JOIN LATERAL (
+                SELECT id FROM sqlaq_jobs WHERE <pending> AND queue = :b_queue
+                  AND key IS NOT NULL AND key = allotted.k AND run_at <= now()
+                ORDER BY priority DESC, run_at, id LIMIT allotted.n
                 FOR UPDATE SKIP LOCKED) AS p ON true),
         candidates AS MATERIALIZED (
-            (SELECT id FROM fair ORDER BY rn / w, priority DESC, random() LIMIT :b_limit)
-            UNION ALL
-            SELECT id FROM (<claim_stmt's candidates, AND id <> ALL(ARRAY(SELECT id
-                            FROM fair))>) AS fallback
-            LIMIT :b_limit)
+            (SELECT id FROM fair UNION ALL SELECT id FROM (<claim_stmt's candidates,
+             AND id <> ALL(ARRAY(SELECT id FROM fair))>) AS fallback) LIMIT :b_limit)
         UPDATE sqlaq_jobs SET ... (as claim_stmt)
 
     Raises:
@@ -557,7 +552,7 @@ def fair_claim_stmt(
     # The shares with claimable jobs (due, of the kinds and rows this claim may take),
     # in key order, one index probe each: a share whose pending jobs all run or wait
     # for later is not one (its slots would go to the plain order).
-    claimable = (_PENDING, c.queue == queue_, c.run_at <= _NOW, *which)
+    claimable = (_PENDING, c.queue == queue_, c.key.is_not(None), c.run_at <= _NOW, *which)
     first = (
         select(share.label("k"))
         .where(*claimable, not_paused)
@@ -610,7 +605,14 @@ def fair_claim_stmt(
     )
     per_share = (
         select(c.id)
-        .where(_PENDING, c.queue == queue_, share == allotted.c.k, c.run_at <= _NOW, *which)
+        .where(
+            _PENDING,
+            c.queue == queue_,
+            c.key.is_not(None),
+            share == allotted.c.k,
+            c.run_at <= _NOW,
+            *which,
+        )
         .order_by(c.priority.desc(), c.run_at, c.id)
         .limit(allotted.c.n)
         .with_for_update(skip_locked=True)
@@ -647,6 +649,5 @@ def fair_claim_stmt(
 
 
 def _share_of(columns: Any) -> ColumnElement[str]:
-    """The fair index's share expression, ``coalesce(key, '')`` (a key is never blank:
-    ``''`` is the share of the jobs without a key), literal so it matches the index."""
-    return func.coalesce(columns.key, literal_column("''", Text))
+    """The fair index's share: the job's key (the index holds keyed rows only)."""
+    return columns.key  # type: ignore[no-any-return]

@@ -52,26 +52,32 @@ def _claim_keys(engine: Engine, limit: int, fair: bool = True, **options: Any) -
 
 def test_every_key_starts_while_the_flood_is_queued(committed: Engine) -> None:
     _flood(committed)
-    # 21 keys and the keyless share: one claim of 22 takes one job of each share.
-    first = _claim_keys(committed, 22)
-    assert first == Counter({f"small{n}": 1 for n in range(20)} | {"big": 1, "-": 1})
+    # 21 keys: one claim of 21 takes one job of each key (the jobs without a key are no
+    # share: they take the slots the keys leave, none here).
+    first = _claim_keys(committed, 21)
+    assert first == Counter({f"small{n}": 1 for n in range(20)} | {"big": 1})
     # Claim after claim, the small keys keep their share until they run dry (5 jobs
     # each: five or six claims of 22), the flood a share like any other (more once the
-    # small keys have fewer left than their slots: the rest goes in plain order).
+    # small keys have fewer left than their slots).
     claims = 1
-    while _queued_besides_the_flood(committed):
+    while _queued_of_small_keys(committed):
         claims += 1
         assert _claim_keys(committed, 22)["big"] <= 5
         assert claims <= 6
-    # Only the flood is left: a claim still fills up (no claim comes back short).
+    # Only the flood is keyed now: a claim still fills up (no claim comes back short).
     assert _claim_keys(committed, 50) == Counter({"big": 50})
 
 
-def _queued_besides_the_flood(engine: Engine) -> int:
+def test_jobs_without_a_key_take_the_slots_the_keys_leave(committed: Engine) -> None:
+    _flood(committed, big=5, small=2, per_small=2)
+    # 9 keyed jobs and 3 without a key: a claim of 12 takes every keyed job (the shares)
+    # and fills up with the 3 others (plain order).
+    assert _claim_keys(committed, 12) == Counter({"big": 5, "small0": 2, "small1": 2, "-": 3})
+
+
+def _queued_of_small_keys(engine: Engine) -> int:
     with engine.connect() as conn:
-        sql = (
-            "SELECT count(*) FROM sqlaq_jobs WHERE status = 'queued' AND key IS DISTINCT FROM 'big'"
-        )
+        sql = "SELECT count(*) FROM sqlaq_jobs WHERE status = 'queued' AND key LIKE 'small%'"
         return int(conn.execute(text(sql)).scalar_one())
 
 
@@ -85,21 +91,17 @@ def test_small_claims_take_turns(committed: Engine) -> None:
     served: Counter[str] = Counter()
     for _ in range(60):
         served += _claim_keys(committed, 1)
-    # Five shares of equal weight (the keyless one has 3 jobs): the flood gets about a
-    # fifth, never the whole worker (in plain claim order it would get all 60).
+    # Five keys of equal weight: the flood gets about a fifth, never the whole worker
+    # (in plain claim order it would get all 60).
     assert served["big"] <= 25
     assert all(served[f"small{n}"] >= 5 for n in range(4))
 
 
 def test_weights_change_the_shares(committed: Engine) -> None:
     _flood(committed, big=500, small=2, per_small=200)
-    # Weights 6 (big), 3 (small0), 1 (small1 and the keyless share): of 10 jobs, 6, 3
-    # and 1 (the keyless share's 1 comes from its rank).
-    got = _claim_keys(committed, 11, weights={"big": 6, "small0": 3})
-    assert got["big"] == 6
-    assert got["small0"] == 3
-    assert got["small1"] == 1
-    assert got["-"] == 1
+    # Weights 6 (big), 3 (small0), 1 (small1): of 10 jobs, 6, 3 and 1.
+    got = _claim_keys(committed, 10, weights={"big": 6, "small0": 3})
+    assert got == Counter({"big": 6, "small0": 3, "small1": 1})
 
 
 def test_a_paused_queue_gives_nothing(committed: Engine) -> None:

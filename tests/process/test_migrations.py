@@ -175,9 +175,9 @@ EXPECTED_INDEXES = {
         "'failed'::text])))"
     ),
     "sqlaq_jobs_fair_idx": (
-        "CREATE INDEX sqlaq_jobs_fair_idx ON public.sqlaq_jobs USING btree (queue, "
-        "COALESCE(key, ''::text), priority DESC, run_at, id) "
-        "WHERE (status = ANY (ARRAY['queued'::text, 'running'::text]))"
+        "CREATE INDEX sqlaq_jobs_fair_idx ON public.sqlaq_jobs USING btree (queue, key, "
+        "priority DESC, run_at, id) WHERE ((status = ANY (ARRAY['queued'::text, "
+        "'running'::text])) AND (key IS NOT NULL))"
     ),
     "sqlaq_jobs_pkey": "CREATE UNIQUE INDEX sqlaq_jobs_pkey ON public.sqlaq_jobs USING btree (id)",
 }

@@ -5,7 +5,7 @@ Revises: sqlaq_0007
 Create Date: 2026-12-04
 
 Frozen literal DDL, like the revisions before it. No table rewrite: one partial index
-over the pending rows (queued or running), built by one scan.
+over the pending rows (queued or running) that have a key, built by one scan.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    # A queue's pending jobs by share (the key; '' for the jobs without one) in claim
-    # order: the fair claim walks the shares (one probe each: a loose index scan) and
-    # reads each share's first due jobs from it.
+    # A queue's pending keyed jobs by key in claim order: the fair claim walks the keys
+    # (one probe each: a loose index scan) and reads each key's first due jobs from it.
+    # Only rows with a key: a job without one (every job of an application that does
+    # not use keys) costs this index nothing.
     op.execute(
         "CREATE INDEX sqlaq_jobs_fair_idx ON sqlaq_jobs "
-        "(queue, (coalesce(key, '')), priority DESC, run_at, id) "
-        "WHERE status IN ('queued', 'running')"
+        "(queue, key, priority DESC, run_at, id) "
+        "WHERE status IN ('queued', 'running') AND key IS NOT NULL"
     )
     op.execute(
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
