@@ -124,6 +124,14 @@ def jobs_triggers_stmt() -> TextClause:
     ).bindparams(bindparam("b_table", TABLE_NAME, Text))
 
 
+def sequential_mode_stmt() -> TextClause:
+    """``SET LOCAL citus.multi_shard_modify_mode TO 'sequential'``: the rest of this
+    transaction runs its multi-shard commands one connection per node. A revision on a
+    distributed job table needs it: Citus runs its DDL on the shards in parallel, then
+    refuses a function command (``CREATE OR REPLACE FUNCTION``) in the same transaction."""
+    return text("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+
+
 def distribute_ddl(*, triggers: Collection[str] = JOB_TRIGGERS) -> list[str]:
     """The DDL that distributes an installed schema (at sqlaq's head) on Citus, in order,
     one statement per item; run in one transaction by ``sqlaq citus-distribute``.

@@ -23,8 +23,10 @@ from datetime import timedelta
 from typing import Any
 from uuid import uuid4
 
+import alembic.command
 import psycopg
 import pytest
+from conftest import alembic_config
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
@@ -445,23 +447,19 @@ def test_cancel_sweep_retry_and_prune_run_queue_by_queue(distributed: Engine) ->
 
 @needs_citus
 def test_a_later_revision_upgrades_a_distributed_table(installed: Engine) -> None:
-    """Distributed at sqlaq_0006, then the upgrade to sqlaq_0007 (a column, an index, the
-    revision function) on the distributed table: refused in one parallel transaction,
-    done with ``citus.multi_shard_modify_mode = sequential``; the operations then use the
-    new key column on Citus."""
+    """Distributed at sqlaq_0006, then ``sqlaq migrate`` to sqlaq_0007 (a column, an
+    index, the revision function) on the distributed table: sqlaq runs the revision's
+    multi-shard DDL one connection per node itself (Citus would refuse the function
+    command after a parallel DDL); the operations then use the new key column."""
     _reset(installed)
     with installed.begin() as conn:
         migrations.upgrade(conn, "sqlaq_0006")
         for statement in citus_queries.distribute_ddl():
             conn.execute(text(statement))
-    # As the docs say: in one transaction, Citus runs the revision's DDL on the shards in
-    # parallel, and then refuses its CREATE OR REPLACE FUNCTION (a distributed object)
-    # unless the transaction runs its multi-shard commands one connection per node.
-    with installed.begin() as conn, pytest.raises(Exception, match="parallel operation"):
-        migrations.upgrade(conn)
-    with installed.begin() as conn:
-        conn.execute(text("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'"))
-        migrations.upgrade(conn)
+    code, out, err = _sqlaq(CITUS, "migrate")
+    assert code == 0, err
+    assert "sqlaq_0006 -> sqlaq_0007" in out
+    with installed.connect() as conn:
         assert migrations.check(conn) == migrations.HEAD == "sqlaq_0007"
     engine = create_engine(CITUS)
     try:
@@ -473,6 +471,85 @@ def test_a_later_revision_upgrades_a_distributed_table(installed: Engine) -> Non
             assert sqlaq.complete(conn, job.lease) == [job.id]
     finally:
         engine.dispose()
+
+
+@needs_citus
+def test_alembic_downgrades_and_upgrades_a_distributed_table() -> None:
+    """The host's Alembic (the repository's alembic.ini): ``alembic upgrade heads``,
+    ``sqlaq citus-distribute``, then downgrades to sqlaq_0005 run on the distributed
+    table (sqlaq keeps no trigger there: its trigger DDL is skipped), the one below
+    refuses in one line naming why, and ``alembic upgrade heads`` comes back to a head
+    that ``sqlaq check --deep`` finds as converted; the jobs stay and run."""
+    cfg = alembic_config(CITUS)
+    engine = create_engine(CITUS)
+    _reset(engine)
+    try:
+        alembic.command.upgrade(cfg, "heads")
+        code, _, err = _sqlaq(CITUS, "citus-distribute")
+        assert code == 0, err
+        with engine.begin() as conn:
+            job_id = sqlaq.enqueue(conn, "k", queue="aq").job_id
+        alembic.command.downgrade(cfg, "sqlaq_0005")
+        with engine.connect() as conn:
+            assert migrations.current_revision(conn) == "sqlaq_0005"
+            assert citus.is_distributed(conn)
+        with pytest.raises(sqlaq.SchemaOutOfDateError) as refused:
+            alembic.command.downgrade(cfg, "sqlaq_0004")
+        message = str(refused.value)
+        assert "\n" not in message
+        assert "sqlaq_0005 downgrade is refused on Citus" in message
+        assert "undistribute_table('sqlaq_jobs')" in message
+        alembic.command.upgrade(cfg, "heads")
+        code, _, err = _sqlaq(CITUS, "check", "--deep")
+        assert code == 0, err
+        assert (
+            scalar(
+                engine,
+                "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'sqlaq_jobs'"
+                "::regclass AND NOT tgisinternal",
+            )
+            == 0
+        )
+        citus.forget(engine)
+        with engine.begin() as conn:
+            (job,) = sqlaq.claim(conn, worker_id=uuid4(), queue="aq")
+            assert job.id == job_id
+            assert sqlaq.complete(conn, job.lease) == [job_id]
+    finally:
+        _reset(engine)
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+        engine.dispose()
+
+
+@needs_citus
+def test_check_deep_knows_the_citus_shape(distributed: Engine) -> None:
+    """``sqlaq check --deep`` on a converted schema: no drift (the primary key, the unique
+    indexes leading with queue, no trigger); a real drift is still named, with fixes
+    that run on Citus: a dropped dedupe index, the paused queues no longer a reference
+    table."""
+    code, out, err = _sqlaq(CITUS, "check", "--deep")
+    assert code == 0, err
+    assert "as sqlaq_0007 creates them" in out
+    with distributed.begin() as conn:
+        conn.execute(text("DROP INDEX sqlaq_jobs_dedupe_idx"))
+        conn.execute(text("SELECT undistribute_table('sqlaq_paused_queues')"))
+    code, _, err = _sqlaq(CITUS, "check", "--deep")
+    assert code == 1
+    assert "(2 difference(s))" in err, err
+    (index,) = [line for line in err.splitlines() if "sqlaq_jobs_dedupe_idx" in line]
+    assert "missing" in index
+    assert "(queue, kind, dedupe_key)" in index
+    (paused,) = [line for line in err.splitlines() if line.startswith("- citus ")]
+    assert "sqlaq_paused_queues: not a reference table" in paused
+    with distributed.connect() as conn:
+        found = migrations.differences(conn)
+    with distributed.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for difference in found:
+            for statement in difference.statements:
+                conn.execute(text(statement))
+    code, _, err = _sqlaq(CITUS, "check", "--deep")
+    assert code == 0, err
 
 
 @needs_citus
