@@ -19,7 +19,7 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
@@ -31,7 +31,18 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
-from workerkit import LEDGER, ledger_table, rows, scalar, wait_until, worker_processes
+from worker_app import EFFECTS
+from workerkit import (
+    LEDGER,
+    Recorder,
+    fast_worker,
+    ledger_table,
+    rows,
+    running,
+    scalar,
+    wait_until,
+    worker_processes,
+)
 
 import sqlaq
 from sqlaq import admin, citus, migrations, results
@@ -319,7 +330,6 @@ def test_what_does_not_run_on_citus_yet_refuses_in_one_line(distributed: Engine)
             ),
             lambda: sqlaq.enqueue(conn, "k", queue="q", after=[job]),
             lambda: sqlaq.complete(conn, sqlaq.Lease(job, uuid4(), uuid4(), 1, None)),  # type: ignore[arg-type]
-            lambda: sqlaq.enqueue_many(conn, [sqlaq.NewJob("k", queue="q", dedupe_key="a")]),
             lambda: sqlaq.chain(conn, [sqlaq.NewJob("k"), sqlaq.NewJob("k")]),
         ):
             with pytest.raises(sqlaq.ConfigError, match="Citus") as caught:
@@ -573,6 +583,138 @@ def test_per_key_limits_and_order_within_a_queue(distributed: Engine) -> None:
             conn, worker_id=worker, kind="o", queue="oq", limit=10, key_concurrency=2
         )
     assert {j.id for j in again.jobs} == {first[1]}  # key a holds one slot already
+
+
+@needs_citus
+def test_periodic_jobs_and_batch_dedupe_per_queue(distributed: Engine) -> None:
+    """enqueue_periodic on the cluster (its slot row locked on the coordinator, its jobs
+    a batch with dedupe keys): one job per slot, however many times it runs. A batch's
+    duplicates resolve per queue: the same key in two queues makes two jobs."""
+    registry = sqlaq.Registry()
+
+    @registry.periodic("* * * * *", kind="tick", queue="pq")
+    def tick(payload: dict[str, Any]) -> None:
+        """A periodic job."""
+
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    with distributed.begin() as conn:
+        assert sqlaq.enqueue_periodic(conn, registry.periodics, now=start) == []  # first sight
+    for _ in range(2):
+        with distributed.begin() as conn:
+            done = sqlaq.enqueue_periodic(
+                conn, registry.periodics, now=start + timedelta(minutes=3)
+            )
+    assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs WHERE queue = 'pq'") == 1
+    assert done == []
+    with distributed.begin() as conn:
+        held = sqlaq.enqueue(conn, "k", queue="x1", dedupe_key="a").job_id
+    with distributed.begin() as conn:
+        batch = sqlaq.enqueue_many(
+            conn,
+            [
+                sqlaq.NewJob("k", queue="x1", dedupe_key="a"),
+                sqlaq.NewJob("k", queue="x2", dedupe_key="a"),
+                sqlaq.NewJob("k", queue="x2", dedupe_key="a"),
+                sqlaq.NewJob("k", queue="x1", dedupe_key="b"),
+            ],
+        )
+    assert [r.duplicate for r in batch] == [True, False, True, False]
+    assert batch[0].job_id == held
+    assert batch[2].job_id == batch[1].job_id
+    queues = dict(rows(distributed, "SELECT id, queue FROM sqlaq_jobs"))
+    assert [queues[r.job_id] for r in batch] == ["x1", "x2", "x2", "x1"]
+
+
+@needs_citus
+def test_transactional_handlers_and_wait_on_the_cluster(distributed: Engine) -> None:
+    """An in-process worker runs a transactional handler: its write (a host table on the
+    coordinator) and the job's completion with its result commit together; a handler
+    that raises leaves no write. sqlaq.wait reads the outcome (by its poll: no finish
+    trigger on Citus)."""
+    registry = sqlaq.Registry()
+
+    @registry.handler("txn", max_attempts=1)
+    def txn(payload: dict[str, Any], session: Any) -> dict[str, int]:
+        """Write one effect row in the job's transaction; raise when told to."""
+        job = sqlaq.current_job()
+        session.execute(text(f"INSERT INTO {EFFECTS} (job_id) VALUES (:j)"), {"j": job.id})
+        if payload.get("boom"):
+            raise RuntimeError("boom")
+        return {"n": job.id}
+
+    with distributed.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {EFFECTS} (job_id bigint NOT NULL)"))
+    try:
+        with distributed.begin() as conn:
+            good = sqlaq.enqueue(conn, "txn", queue="tx").job_id
+            bad = sqlaq.enqueue(conn, "txn", {"boom": True}, queue="tx").job_id
+        recorder = Recorder()
+        worker = fast_worker(distributed, registry, recorder, queues=["tx"])
+        with running(worker):
+            outcome = sqlaq.wait(distributed, good, timeout=60, poll_interval=0.2)
+            failed = sqlaq.wait(distributed, bad, timeout=60, poll_interval=0.2)
+        assert outcome.status == "done"
+        assert outcome.result == {"n": good}
+        assert failed.status == "failed"
+        assert "boom" in (failed.error or "")
+        assert [r[0] for r in rows(distributed, f"SELECT job_id FROM {EFFECTS}")] == [good]
+    finally:
+        with distributed.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {EFFECTS}"))
+
+
+@needs_citus
+def test_explain_and_the_operators_commands(distributed: Engine) -> None:
+    """sqlaq.explain, and stats, list, show, explain, pause, resume, workers, retry,
+    cancel and prune from the command line: each answers on the cluster."""
+    with distributed.begin() as conn:
+        later = sqlaq.enqueue(conn, "k", queue="eq", delay=timedelta(hours=1)).job_id
+        now = sqlaq.enqueue(conn, "k", queue="eq").job_id
+    with distributed.begin() as conn:
+        (reason, *_) = sqlaq.explain(conn, later)
+    assert reason.code == sqlaq.ReasonCode.NOT_DUE
+    for args, expected in (
+        (["stats"], "eq"),
+        (["list", "--queue", "eq"], str(later)),
+        (["show", str(now)], "queued"),
+        (["explain", str(later)], "not due"),
+        (["pause", "eq"], "paused"),
+        (["explain", str(now)], "paused"),
+        (["resume", "eq"], "resumed"),
+        (["workers"], "(none)"),
+        (["cancel", str(now)], "cancelled"),
+        (["retry", str(now)], "retried 1"),
+        (["cancel", str(now), str(later)], "cancelled"),
+        (["prune", "--cancelled-older-than", "0s"], "2"),
+    ):
+        code, out, err = _sqlaq(CITUS, *args)
+        assert code == 0, (args, err)
+        assert expected in out, (args, out)
+    assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs") == 0
+
+
+@needs_citus
+def test_the_dashboard_s_read_only_pages_answer(distributed: Engine) -> None:
+    """Every read-only page of the dashboard answers 200 on a converted schema, with
+    jobs in several states over several queues."""
+    from starlette.testclient import TestClient
+
+    from sqlaq.dashboard import app
+
+    with distributed.begin() as conn:
+        ids = [sqlaq.enqueue(conn, "k", queue=f"d{i % 3}", max_attempts=1).job_id for i in range(6)]
+    with distributed.begin() as conn:
+        (job,) = sqlaq.claim(conn, worker_id=uuid4(), queue="d0", limit=1)
+        sqlaq.fail(conn, job.lease, "boom")
+        sqlaq.cancel(conn, [ids[1]])
+    with TestClient(app(distributed), base_url="http://localhost") as client:
+        for path in (
+            "/", "/api/overview", "/jobs", "/jobs?queue=d1", f"/jobs/{job.id}",
+            f"/jobs/{ids[2]}", "/failures", "/prune", "/workers", "/schedules",
+        ):  # fmt: skip
+            response = client.get(path)
+            assert response.status_code == 200, (path, response.text[-2000:])
+        assert "boom" in client.get("/failures").text
 
 
 @needs_citus
