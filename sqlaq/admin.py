@@ -20,6 +20,7 @@ command to run), printed as one line without a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -128,6 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", parents=[common], help="one job, every column")
     p.add_argument("id", type=typed(_ID, "ID"))
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser(
+        "workflow",
+        parents=[common],
+        help="every job of a job's workflow, in dependency order (or --cancel it)",
+    )
+    p.add_argument("id", type=typed(_ID, "ID"), help="any job of the workflow")
+    p.add_argument(
+        "--limit", type=typed(_ID, "--limit"), default=200, help="at most this many (default 200)"
+    )
+    p.add_argument(
+        "--cancel", action="store_true", help="cancel its queued and running jobs instead"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = sub.add_parser("explain", parents=[common], help="why a job is not running")
@@ -480,6 +495,60 @@ def _show(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _workflow(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    if args.cancel:
+        with engine.begin() as conn:
+            exists = conn.execute(queries.get_job_stmt(job_id=args.id)).first() is not None
+            cancelled = ops.cancel_workflow(conn, args.id) if exists else []
+        if not exists:
+            print(f"sqlaq: no job {args.id}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps({"cancelled": sorted(cancelled)}), file=out)
+        else:
+            shown = ", ".join(str(i) for i in sorted(cancelled)) or "none (all finished)"
+            print(
+                f"cancelled {len(cancelled)} job(s) of job {args.id}'s workflow: {shown}", file=out
+            )
+        return 0
+    with engine.connect() as conn:
+        flow = ops.read_workflow(conn, args.id, limit=args.limit)
+    if not flow.jobs:
+        print(f"sqlaq: no job {args.id}", file=sys.stderr)
+        return 1
+    more = f"{flow.more}{'' if flow.counted_all else '+'}"
+    if args.json:
+        data = {
+            "job_id": flow.job_id,
+            "total": flow.total,
+            "more": flow.more,
+            "counted_all": flow.counted_all,
+            "jobs": [
+                {**_jsonable(dataclasses.asdict(job)), "parent_ids": list(job.parent_ids)}
+                for job in flow.jobs
+            ],
+        }
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    _print_table(
+        out,
+        ["id", "kind", "queue", "status", "after"],
+        [
+            [
+                f"{job.job_id}{' *' if job.job_id == flow.job_id else ''}",
+                job.kind,
+                job.queue,
+                "waiting" if job.waiting else job.status,
+                ", ".join(str(p) for p in job.parent_ids),
+            ]
+            for job in flow.jobs
+        ],
+    )
+    if flow.more:
+        print(f"... {more} more job(s) (--limit)", file=out)
+    return 0
+
+
 def _explain(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     registry = load_registry(args.app) if args.app else None
     with engine.connect() as conn:
@@ -805,6 +874,7 @@ _COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
     "list": _list,
     "show": _show,
     "explain": _explain,
+    "workflow": _workflow,
     "retry": _retry,
     "cancel": _cancel,
     "prune": _prune,

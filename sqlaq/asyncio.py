@@ -82,6 +82,7 @@ __all__ = [
     "asynchronous",
     "batch",
     "cancel",
+    "cancel_workflow",
     "cancelled_among",
     "chain",
     "chord",
@@ -105,6 +106,7 @@ __all__ = [
     "pause",
     "paused_queues",
     "prune",
+    "read_workflow",
     "release_waiting",
     "result",
     "resume",
@@ -274,6 +276,8 @@ chord = asynchronous(ops.chord)
 batch = asynchronous(ops.batch)
 parent_results = asynchronous(ops.parent_results)
 release_waiting = asynchronous(ops.release_waiting)
+read_workflow = asynchronous(ops.read_workflow)
+cancel_workflow = asynchronous(ops.cancel_workflow)
 explain = asynchronous(_sync_explain)  # (sqlaq.explain, the module, is the function)
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 # c: the jobs table's columns, importable here as before (not in __all__).
 from sqlaq.queries._common import c as c
+from sqlaq.queries._graph import workflow_cte
 from sqlaq.queries.catalog import (
     catalog_constraints_stmt,
     catalog_functions_stmt,
@@ -157,6 +158,7 @@ from sqlaq.queries.retention import (
     Reference,
     blocking_references_stmt,
     cancel_stmt,
+    cancel_workflow_stmt,
     cancelled_among_stmt,
     count_prunable_stmt,
     count_referenced_stmt,
@@ -184,7 +186,9 @@ from sqlaq.queries.workflow import (
     parent_results_stmt,
     release_stmt,
     release_waiting_stmt,
+    set_setting_stmt,
     waiting_for_stmt,
+    workflow_stmt,
 )
 
 __all__ = [
@@ -196,6 +200,7 @@ __all__ = [
     "Reference",
     "blocking_references_stmt",
     "cancel_stmt",
+    "cancel_workflow_stmt",
     "cancelled_among_stmt",
     "catalog_constraints_stmt",
     "catalog_functions_stmt",
@@ -283,6 +288,7 @@ __all__ = [
     "running_workers_stmt",
     "schema_revision_stmt",
     "serving_workers_stmt",
+    "set_setting_stmt",
     "snooze_stmt",
     "stats_counts_stmt",
     "stats_health_stmt",
@@ -300,4 +306,6 @@ __all__ = [
     "where_check_stmt",
     "where_text",
     "workers_stmt",
+    "workflow_cte",
+    "workflow_stmt",
 ]

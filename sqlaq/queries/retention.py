@@ -45,6 +45,7 @@ from sqlaq.queries._common import (
     _status,
     c,
 )
+from sqlaq.queries._graph import in_unfinished_workflow, workflow_cte
 from sqlaq.schema import (
     CANCEL_CHANNEL,
     JobStatus,
@@ -218,9 +219,26 @@ def cancel_stmt(*, job_ids: Collection[int]) -> Select[Any]:
     locking CTE reads each row's latest status, so a job claimed meanwhile is known to
     be running.
     """
+    return _cancel(c.id == func.any(bindparam("b_ids", list(job_ids), _IDS)))
+
+
+def cancel_workflow_stmt(*, job_id: int) -> Select[Any]:
+    """Cancel every pending job of *job_id*'s workflow (see :func:`cancel_stmt`).
+
+    :func:`cancel_stmt` over ``id IN (SELECT id FROM workflow)``, the walk of
+    :func:`~sqlaq.queries.workflow_cte` from *job_id* (its parents and children, in
+    either direction, to the end): a chain, a chord or a batch is cancelled whole from
+    any of its jobs, its members too. Its finished jobs are left alone. One statement:
+    the trigger of a cancelled parent finds its children cancelled already.
+    """
+    walk = workflow_cte(job_id=job_id)
+    return _cancel(c.id.in_(select(walk.c.id)))
+
+
+def _cancel(which: ColumnElement[bool]) -> Select[Any]:
     was = (
         select(c.id, c.status)
-        .where(c.id == func.any(bindparam("b_ids", list(job_ids), _IDS)), _PENDING)
+        .where(which, _PENDING)
         .with_for_update()
         .cte("was")
         .prefix_with("MATERIALIZED")
@@ -332,11 +350,17 @@ def prune_stmt(
             SELECT id FROM sqlaq_jobs
             WHERE status IN ('done', 'failed', 'cancelled') AND status = ANY(:b_statuses)
               AND finished_at < now() - :b_older_than
+              AND NOT <in an unfinished workflow>
             LIMIT :b_limit FOR UPDATE SKIP LOCKED)
         DELETE FROM sqlaq_jobs USING doomed WHERE sqlaq_jobs.id = doomed.id
 
     Pending rows can never match (the literal predicate), and the finished index serves
     the scan. Run it repeatedly, committing between batches, to prune a large backlog.
+
+    A workflow's finished jobs are kept while the workflow has a job not finished (see
+    ``in_unfinished_workflow`` in ``sqlaq/queries/_graph.py``): a chord's member whose
+    callback still waits is not deleted from under :func:`sqlaq.parent_results`. Jobs
+    outside workflows pay a test of two columns of the row.
 
     With *spare* (from :func:`blocking_references_stmt`), jobs a row of those tables
     still references are left out (``AND NOT (EXISTS (SELECT FROM host WHERE host.col =
@@ -382,6 +406,7 @@ def _prunable(older_than: timedelta, statuses: Collection[JobStatus]) -> ColumnE
         _FINISHED,
         c.status == func.any(bindparam("b_statuses", sorted(statuses), ARRAY(Text))),
         c.finished_at < _NOW - bindparam("b_older_than", older_than, Interval),
+        ~in_unfinished_workflow(),
     )
 
 

@@ -693,6 +693,7 @@ NO_TWIN: dict[str, str] = {
             "sqlaq.dashboard.reads.overview",
             "sqlaq.dashboard.reads.schedules",
             "sqlaq.dashboard.reads.workers",
+            "sqlaq.dashboard.reads.workflow",
         ),
         _DASHBOARD,
     ),
@@ -1001,3 +1002,13 @@ async def test_workflow_shapes_run_in_order_and_the_callback_reads_results(
         (chord.job_ids[0], "done", chord.job_ids[0])
     ]
     assert await aq.release_waiting(aconn) == []
+
+
+@pytest.mark.asyncio
+async def test_a_workflow_is_read_and_cancelled_whole_from_any_job(aconn: AsyncExecutor) -> None:
+    chord = await aq.chord(aconn, [NewJob("m"), NewJob("m")], then=NewJob("sum"))
+    assert chord.callback_id is not None
+    flow = await aq.read_workflow(aconn, chord.job_ids[0])
+    assert [j.job_id for j in flow.jobs] == [*chord.job_ids, chord.callback_id]
+    cancelled = await aq.cancel_workflow(aconn, chord.job_ids[1])
+    assert sorted(cancelled) == [*chord.job_ids, chord.callback_id]

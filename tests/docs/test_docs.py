@@ -935,7 +935,8 @@ def dashboard_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
 def workflows_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
     """``conn`` on the test database (rolled back after) and a fresh ``registry``; then
     the workflow the sample enqueued is drained: every job ends ``done``, each after
-    all of its parents, and a chord's callback sums its parents' results."""
+    all of its parents, and a chord's callback sums its parents' results (but the jobs
+    a sample cancelled, which never ran)."""
     registry = sqlaq.Registry()
     yield {**_jobs_module(registry=registry, Session=Session), "conn": clean_conn}
 
@@ -946,6 +947,8 @@ def workflows_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
     assert rows, "the sample enqueued nothing"
     position = {job_id: i for i, job_id in enumerate(order)}  # empty: the sample drained
     for row in rows:
+        if row.status == "cancelled" and row.id not in position:
+            continue  # cancelled by the sample (sqlaq.cancel_workflow)
         assert row.status == "done", row
         for parent in (row.parent_ids or []) if order else []:
             assert position[parent] < position[row.id], (parent, row)
@@ -1048,6 +1051,7 @@ ADMIN_READ_ONLY = {
     "check": rf"^sqlaq schema is at {sqlaq.migrations.HEAD} \(head\)$",
     "explain": r"^finished: failed at .* on attempt 1 of 1; last error: TimeoutError: the mail",
     "workers": r"^(worker +host +pid +queues|\(none\))",
+    "workflow": r"^1234 \* +send_email +default +failed *$",  # a plain job: a workflow of one
 }
 
 
@@ -1081,7 +1085,7 @@ def exact(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _check_sqlaq(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
     args = exact(admin.build_parser()).parse_args(argv[1:])  # UsageError on a bad flag
-    if args.command not in ADMIN_READ_ONLY:
+    if args.command not in ADMIN_READ_ONLY or getattr(args, "cancel", False):
         return  # it writes: parsed, not run
     request.getfixturevalue("failed_emails")
     environ = {"SQLAQ_DATABASE_URL": request.getfixturevalue("database_url")}
@@ -1137,6 +1141,22 @@ def _check_quickstart(argv: list[str], line: str, request: pytest.FixtureRequest
     assert re.search(r"^job \d+ is done$", run.stdout, re.MULTILINE), run.stdout
 
 
+def _check_workflow_example(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    """examples/workflow.py runs its chord to the end and prints the fan-in's sum."""
+    url = request.getfixturevalue("empty_database_url")
+    run = subprocess.run(
+        [sys.executable, str(ROOT / argv[1])],
+        cwd=ROOT,
+        env={**os.environ, "SQLAQ_DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "sum of squares of [1, 2, 3, 4, 5]: 55\n" in run.stdout, run.stdout
+
+
 def _check_pip(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
     """Installs or builds packages: not run by a test. The extras it names in brackets
     must be sqlaq's, and a wheel file it names must be the one ``pip wheel`` builds
@@ -1172,6 +1192,8 @@ def sh_rule(argv: list[str]) -> ShCheck | None:
             return _check_in_ci
         case ["python3", "examples/quickstart.py"]:
             return _check_quickstart
+        case ["python3", "examples/workflow.py"]:
+            return _check_workflow_example
     return None
 
 

@@ -146,6 +146,7 @@ CALLS: dict[str, list[Any]] = {
     "fail_stmt": [{"lease": LEASE, "error": "boom", "retry_in": SECONDS}],
     "retry_stmt": [{"job_ids": [1, 2]}],
     "cancel_stmt": [{"job_ids": [1, 2]}],
+    "cancel_workflow_stmt": [{"job_id": 9}],
     "cancelled_among_stmt": [{"job_ids": [1, 2]}],
     "blocking_references_stmt": [{}],
     "prune_stmt": [
@@ -272,6 +273,9 @@ CALLS: dict[str, list[Any]] = {
     "release_waiting_stmt": [{"limit": 1000}],
     "waiting_for_stmt": [{"job_id": 9}],
     "parent_results_stmt": [{"job_id": 9}],
+    "workflow_cte": [{"job_id": 9}],
+    "set_setting_stmt": [{"name": "jit", "value": "off"}],
+    "workflow_stmt": [{"job_id": 9, "limit": 200, "count_limit": 10000}],
 }
 
 #: Constant column lists and values of the module, pinned beside the builders.
