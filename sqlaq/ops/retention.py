@@ -225,6 +225,39 @@ _PRUNE_ROUNDS = 3
 
 
 @operation
+def count_prunable(*, older_than: timedelta, statuses: Iterable[JobStatus | str]) -> Plan[int]:
+    """How many finished jobs of *statuses* :func:`prune` would delete now (those that
+    finished more than *older_than* ago): for a progress bar or a confirmation.
+
+    Raises:
+        ConfigError: a status is not a finished one.
+        InvalidJobError: *older_than* is not a timedelta from zero to 100 years.
+    """
+    check_duration("older_than", older_than)
+    wanted = _finished(statuses)
+    citus = yield DISTRIBUTED
+    stmt = queries.count_prunable_stmt(older_than=older_than, statuses=wanted, workflows=not citus)
+    return int((yield stmt, None).scalar_one())
+
+
+def _finished(statuses: Iterable[JobStatus | str]) -> set[JobStatus]:
+    """*statuses* as finished statuses; a ConfigError naming one that is not."""
+    wanted = set()
+    for status in statuses:
+        try:
+            value = JobStatus(status)
+        except ValueError:
+            value = None
+        if value not in FINISHED_STATUSES:
+            raise ConfigError(
+                f"prune deletes finished jobs only; status {shown(status)} is not one of "
+                "'done', 'failed', 'cancelled'"
+            )
+        wanted.add(value)
+    return wanted
+
+
+@operation
 def prune(
     *,
     older_than: timedelta,
@@ -253,18 +286,7 @@ def prune(
         InvalidJobError: *older_than* is not a timedelta from zero to 100 years.
     """
     check_duration("older_than", older_than)
-    wanted = set()
-    for status in statuses:
-        try:
-            value = JobStatus(status)
-        except ValueError:
-            value = None
-        if value not in FINISHED_STATUSES:
-            raise ConfigError(
-                f"prune deletes finished jobs only; status {shown(status)} is not one of "
-                "'done', 'failed', 'cancelled'"
-            )
-        wanted.add(value)
+    wanted = _finished(statuses)
     _check_positive("limit", limit)
     if (yield DISTRIBUTED):
         # No host foreign key references a distributed table: nothing to spare.

@@ -480,7 +480,7 @@ def citus_prunable_stmt() -> Select[Any]:
     index, without a lock."""
     return (
         select(c.id, c.queue)
-        .where(_prunable(timedelta(0), ()))
+        .where(_prunable(timedelta(0), (), workflows=False))
         .limit(bindparam("b_limit", 1, Integer))
     )
 
@@ -493,7 +493,7 @@ def citus_prune_stmt() -> ReturningDelete[Any]:
         .where(
             c.queue == bindparam("b_queue", "_", Text),
             c.id == func.any(bindparam("b_ids", [], _IDS)),
-            _prunable(timedelta(0), ()),
+            _prunable(timedelta(0), (), workflows=False),
         )
         .returning(c.id)
     )
