@@ -331,6 +331,8 @@ def test_what_does_not_run_on_citus_yet_refuses_in_one_line(distributed: Engine)
             lambda: sqlaq.enqueue(conn, "k", queue="q", after=[job]),
             lambda: sqlaq.complete(conn, sqlaq.Lease(job, uuid4(), uuid4(), 1, None)),  # type: ignore[arg-type]
             lambda: sqlaq.chain(conn, [sqlaq.NewJob("k"), sqlaq.NewJob("k")]),
+            lambda: sqlaq.read_workflow(conn, job),
+            lambda: sqlaq.cancel_workflow(conn, job),
         ):
             with pytest.raises(sqlaq.ConfigError, match="Citus") as caught:
                 call()
