@@ -69,6 +69,7 @@ from sqlaq.schema import (
     DEDUPE_INDEX,
     DEDUPE_SQL,
     DEPS_TRIGGER,
+    FINISH_CHANNEL,
     FINISH_TRIGGER,
     NOTIFY_TRIGGER,
     PAUSED_TABLE,
@@ -305,13 +306,29 @@ def citus_extend_lease_stmt() -> Update:
 
 def citus_complete_stmt() -> Update:
     """:func:`sqlaq.queries.complete_stmt` for the leases of one queue (``AND queue =
-    :b_queue``); bind :func:`sqlaq.queries.fence_params` and ``b_queue``."""
+    :b_queue``), ``RETURNING id, awaited`` (a waiter is told by
+    :func:`citus_notify_finished_stmt`); bind :func:`sqlaq.queries.fence_params` and
+    ``b_queue``."""
     return _pinned(
         update(jobs)
         .where(_fence([]))
         .values(status=_status(JobStatus.DONE), finished_at=_NOW, lease_token=null())
-        .returning(c.id)
+        .returning(c.id, c.awaited)
     )
+
+
+def citus_notify_finished_stmt(*, job_ids: Sequence[int]) -> Select[Any]:
+    """``SELECT pg_notify('sqlaq_finished', id::text) FROM unnest(:b_ids) AS id``: tell
+    the waiters of *job_ids* (:func:`sqlaq.wait`) that they finished, as the finish
+    trigger does on plain PostgreSQL; a statement with no table, so it runs on the
+    coordinator, where the waiters listen."""
+    ids = (
+        func.unnest(bindparam("b_ids", list(job_ids), _IDS))
+        .table_valued("id")
+        .render_derived(name="finished")
+    )
+    channel = literal_column(f"'{FINISH_CHANNEL}'", Text)
+    return select(func.pg_notify(channel, cast(ids.c.id, Text))).select_from(ids)
 
 
 def citus_complete_result_stmt() -> Update:
@@ -326,7 +343,7 @@ def citus_complete_result_stmt() -> Update:
             lease_token=null(),
             result=cast(bindparam("b_result", None, Text), JSONB),
         )
-        .returning(c.id)
+        .returning(c.id, c.awaited)
     )
 
 
@@ -361,7 +378,7 @@ def citus_fail_stmt() -> Update:
             locked_by=null(),
             lease_token=null(),
         )
-        .returning(c.id, c.status, c.run_at)
+        .returning(c.id, c.status, c.run_at, c.awaited)
     )
 
 
@@ -516,6 +533,7 @@ __all__ = [
     "citus_handback_stmt",
     "citus_locate_stmt",
     "citus_notify_cancel_stmt",
+    "citus_notify_finished_stmt",
     "citus_prunable_stmt",
     "citus_prune_stmt",
     "citus_snooze_stmt",

@@ -631,8 +631,9 @@ def test_periodic_jobs_and_batch_dedupe_per_queue(distributed: Engine) -> None:
 def test_transactional_handlers_and_wait_on_the_cluster(distributed: Engine) -> None:
     """An in-process worker runs a transactional handler: its write (a host table on the
     coordinator) and the job's completion with its result commit together; a handler
-    that raises leaves no write. sqlaq.wait reads the outcome (by its poll: no finish
-    trigger on Citus)."""
+    that raises leaves no write. sqlaq.wait is woken by the outcome itself: with no
+    finish trigger on Citus, complete_with_result and fail send ``sqlaq_finished`` for
+    an awaited job from the coordinator (its poll here is slower than the timeout)."""
     registry = sqlaq.Registry()
 
     @registry.handler("txn", max_attempts=1)
@@ -648,18 +649,24 @@ def test_transactional_handlers_and_wait_on_the_cluster(distributed: Engine) -> 
         conn.execute(text(f"CREATE TABLE {EFFECTS} (job_id bigint NOT NULL)"))
     try:
         with distributed.begin() as conn:
-            good = sqlaq.enqueue(conn, "txn", queue="tx").job_id
-            bad = sqlaq.enqueue(conn, "txn", {"boom": True}, queue="tx").job_id
+            # Due in a moment: each wait below starts before its job finishes.
+            later = {"queue": "tx", "max_attempts": 1}
+            good = sqlaq.enqueue(conn, "txn", delay=timedelta(seconds=1), **later).job_id
+            bad = sqlaq.enqueue(conn, "txn", {"boom": 1}, delay=timedelta(seconds=3), **later)
         recorder = Recorder()
         worker = fast_worker(distributed, registry, recorder, queues=["tx"])
         with running(worker):
-            outcome = sqlaq.wait(distributed, good, timeout=60, poll_interval=0.2)
-            failed = sqlaq.wait(distributed, bad, timeout=60, poll_interval=0.2)
+            began = time.monotonic()
+            outcome = sqlaq.wait(distributed, good, timeout=30, poll_interval=600)
+            failed = sqlaq.wait(distributed, bad.job_id, timeout=30, poll_interval=600)
+            # At its timeout, wait reads the job once more: woken well before it.
+            assert time.monotonic() - began < 20
         assert outcome.status == "done"
         assert outcome.result == {"n": good}
         assert failed.status == "failed"
         assert "boom" in (failed.error or "")
         assert [r[0] for r in rows(distributed, f"SELECT job_id FROM {EFFECTS}")] == [good]
+        assert bad.job_id != good
     finally:
         with distributed.begin() as conn:
             conn.execute(text(f"DROP TABLE IF EXISTS {EFFECTS}"))
