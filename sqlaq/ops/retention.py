@@ -15,7 +15,7 @@ from sqlaq.encoding import (
     check_duration,
 )
 from sqlaq.errors import ConfigError, shown
-from sqlaq.ops._citus import DISTRIBUTED
+from sqlaq.ops._citus import DISTRIBUTED, tell_waiters
 from sqlaq.ops._common import DEFAULT_PRUNE_BATCH, _check_positive, _ids
 from sqlaq.queries import citus as citus_queries
 from sqlaq.records import PruneResult, RetryResult, SkippedRetry
@@ -154,14 +154,18 @@ def _citus_cancel(ids: list[int]) -> Plan[list[int]]:
         by_queue.setdefault(queue, []).append(job_id)
     cancelled: list[int] = []
     running: list[str] = []
+    awaited: list[int] = []
     for queue, queued_ids in by_queue.items():
         rows = yield _CITUS_CANCEL, {"b_queue": queue, "b_ids": queued_ids}
-        for job_id, was in rows.all():
+        for job_id, was, waited_for in rows.all():
             cancelled.append(job_id)
             if was == JobStatus.RUNNING:
                 running.append(str(job_id))
+            if waited_for:
+                awaited.append(job_id)
     if running:
         (yield _CITUS_NOTIFY_CANCEL, {"b_ids": running}).all()
+    yield from tell_waiters(awaited)
     return sorted(cancelled)
 
 
@@ -191,20 +195,22 @@ def sweep(*, limit: int = DEFAULT_PRUNE_BATCH) -> Plan[int]:
     _check_positive("limit", limit)
     if (yield DISTRIBUTED):
         found = yield citus_queries.citus_expired_stmt(), {"b_limit": limit}
-        return (yield from _per_queue(found.all(), _CITUS_SWEEP, {}))
+        swept = yield from _per_queue(found.all(), _CITUS_SWEEP, {})
+        yield from tell_waiters([r.id for r in swept if r.awaited and r.status == "failed"])
+        return len(swept)
     return len((yield queries.sweep_stmt(limit=limit), None).all())
 
 
-def _per_queue(found: Any, stmt: Any, params: dict[str, Any]) -> Plan[int]:
+def _per_queue(found: Any, stmt: Any, params: dict[str, Any]) -> Plan[list[Any]]:
     """Run *stmt* (bound by ``b_queue`` and ``b_ids``) for the ``(id, queue)`` rows
-    *found*, one queue at a time (a router statement each, on Citus); rows changed."""
+    *found*, one queue at a time (a router statement each, on Citus); the rows it
+    returned."""
     by_queue: dict[str, list[int]] = {}
     for job_id, queue in found:
         by_queue.setdefault(queue, []).append(job_id)
-    changed = 0
+    changed: list[Any] = []
     for queue, ids in by_queue.items():
-        rows = yield stmt, params | {"b_queue": queue, "b_ids": ids}
-        changed += len(rows.all())
+        changed += (yield stmt, params | {"b_queue": queue, "b_ids": ids}).all()
     return changed
 
 
@@ -292,7 +298,7 @@ def prune(
         # No host foreign key references a distributed table: nothing to spare.
         which = {"b_older_than": older_than, "b_statuses": sorted(wanted)}
         found = yield citus_queries.citus_prunable_stmt(), which | {"b_limit": limit}
-        return PruneResult((yield from _per_queue(found.all(), _CITUS_PRUNE, which)))
+        return PruneResult(len((yield from _per_queue(found.all(), _CITUS_PRUNE, which))))
     keys = yield queries.blocking_references_stmt(), None
     spare = [queries.Reference(*row) for row in keys]
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit, spare=spare)

@@ -441,7 +441,7 @@ def citus_cancel_stmt() -> Update:
         update(jobs)
         .where(c.queue == queue_, c.id == was.c.id)
         .values(status=_status(JobStatus.CANCELLED), finished_at=_NOW, lease_token=null())
-        .returning(c.id, was.c.status.label("was"))
+        .returning(c.id, was.c.status.label("was"), c.awaited)
     )
 
 
@@ -487,7 +487,7 @@ def citus_sweep_stmt() -> Update:
             lease_token=null(),
             last_error=case((exhausted, _expired_error()), else_=_expired_error("queued again")),
         )
-        .returning(c.id, c.status)
+        .returning(c.id, c.status, c.awaited)
     )
 
 

@@ -423,13 +423,18 @@ def test_cancel_sweep_retry_and_prune_run_queue_by_queue(distributed: Engine) ->
             sqlaq.claim(conn, worker_id=worker, queue=q, limit=1, lease=timedelta(seconds=1))[0]
             for q in ("c0", "c1")
         ]
+    with distributed.begin() as conn:  # as sqlaq.wait marks the jobs it waits for
+        awaited = "UPDATE sqlaq_jobs SET awaited = true WHERE id = ANY(:ids)"
+        conn.execute(text(awaited), {"ids": [ids[2], running[1].id]})
     with psycopg.connect(url, autocommit=True) as listener:
         listener.execute("LISTEN sqlaq_cancel")
+        listener.execute("LISTEN sqlaq_finished")
         with distributed.begin() as conn:
             cancelled = sqlaq.cancel(conn, [running[0].id, ids[2], ids[5], 10**9])
-        heard = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+        heard = {(n.channel, n.payload) for n in listener.notifies(timeout=2, stop_after=2)}
     assert cancelled == sorted([running[0].id, ids[2], ids[5]])
-    assert heard == [str(running[0].id)]
+    # The running job's worker is told; so are the waiters of an awaited job.
+    assert heard == {("sqlaq_cancel", str(running[0].id)), ("sqlaq_finished", str(ids[2]))}
     with distributed.begin() as conn, pytest.raises(sqlaq.LeaseLostError):
         sqlaq.complete(conn, running[0].lease)
     # The other claimed job's 1 s lease expires on its only attempt: the sweep fails it.
@@ -444,8 +449,12 @@ def test_cancel_sweep_retry_and_prune_run_queue_by_queue(distributed: Engine) ->
         10,
         "the lease expired",
     )
-    with distributed.begin() as conn:
-        assert sqlaq.ops.sweep(conn) == 1
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN sqlaq_finished")
+        with distributed.begin() as conn:
+            assert sqlaq.ops.sweep(conn) == 1
+        heard = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+    assert heard == [str(running[1].id)]  # failed for good, and awaited
     assert scalar(
         distributed, "SELECT status FROM sqlaq_jobs WHERE id = :id", id=running[1].id
     ) == ("failed")
