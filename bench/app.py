@@ -16,6 +16,7 @@ import asyncio
 import atexit
 import os
 import time
+from datetime import timedelta
 from typing import Any
 
 import sqlaq
@@ -95,3 +96,47 @@ limited_registry = sqlaq.Registry()
 def limited(_payload: dict[str, Any]) -> None:
     """Does nothing, under a concurrency limit and a rate."""
     _runs.append((sqlaq.current_job().id, "limited", 0.0))
+
+
+#: The process executor's registry (``bench.app:cpu_registry``): a CPU-bound handler, run
+#: by a worker on threads and by one with ``--executor process``, and two handlers stuck
+#: past their timeout (in C code, and in a Python loop) that the process executor kills.
+#: Only these kinds, so a worker whose handlers all run in processes takes its default
+#: concurrency from its processes.
+cpu_registry = sqlaq.Registry()
+
+#: Iterations of the CPU-bound handler's loop: a few milliseconds of pure Python (the
+#: benchmark times one call alone and prints it). Fixed work, not a fixed time: on
+#: threads the calls share one core and take longer each.
+CPU_ITERATIONS = 50_000
+#: The stuck handlers' timeout.
+STUCK_TIMEOUT = timedelta(seconds=1)
+
+
+def cpu_work(iterations: int = CPU_ITERATIONS) -> int:
+    """Pure Python arithmetic: holds the GIL all along."""
+    total = 0
+    for i in range(iterations):
+        total += i * i % 7
+    return total
+
+
+@cpu_registry.handler("cpu")
+def cpu(_payload: dict[str, Any]) -> None:
+    """A few milliseconds of pure Python (run in a child process, its ledger line is lost
+    with the child: the scenario checks its jobs in the table)."""
+    cpu_work()
+    _runs.append((sqlaq.current_job().id, "cpu", 0.0))
+
+
+@cpu_registry.handler("stuck_sleep", timeout=STUCK_TIMEOUT)
+def stuck_sleep(_payload: dict[str, Any]) -> None:
+    """Stuck in C code (``time.sleep``) for an hour, far past its timeout."""
+    time.sleep(3600)
+
+
+@cpu_registry.handler("stuck_busy", timeout=STUCK_TIMEOUT)
+def stuck_busy(_payload: dict[str, Any]) -> None:
+    """Stuck in a busy loop for ever."""
+    while True:
+        cpu_work(1000)

@@ -34,6 +34,10 @@ Scenarios (bench/RESULTS.md explains each figure):
 8. peak RSS of each worker process (its ``VmHWM`` at exit), recorded by (3), (4), (5).
 9. ``limits``          what per-kind limits cost: a claim of 10 plain and under limits,
                        and a drain of a kind with a concurrency limit and a rate.
+13. ``process_executor`` 2,000 jobs of a CPU-bound handler (a few ms of pure Python)
+                       drained on threads (defaults) and with ``--executor process``
+                       (one child per core); two handlers stuck past a 1 s timeout (in
+                       ``time.sleep``, in a loop), killed by the process executor.
 14. ``dashboard``      the dashboard's queries on 1,000,000 finished rows (bench/dashboard.py).
 15.-18. ``scale_processes``, ``scale_backlog``, ``scale_held_xmin``, ``scale_starved``:
                        4 worker processes, a 1,000,000-job backlog, a snapshot held open
@@ -81,6 +85,8 @@ from sqlaq.ops import DEFAULT_LEASE  # noqa: E402
 
 DEFAULT_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 APP = "bench.app:registry"
+CPU_APP = "bench.app:cpu_registry"
+CPU_JOBS = 2_000
 LIMITED_APP = "bench.app:limited_registry"
 #: The rate of the limits scenario's claims: its start log is filled to 990 of 1000
 #: first (each claim reads the log and writes it back: the cost grows with the count).
@@ -211,9 +217,11 @@ def tail(path: Path, size: int = 4000) -> str:
     return path.read_text(errors="replace")[-size:] if path.exists() else "(no log)"
 
 
-def drained(b: Bench, kind: str, run: WorkerRun) -> float:
-    """Check every job is done, claimed once, and its handler ran once; return jobs/s
-    from the first claim to the last completion, on the database clock.
+def drained(b: Bench, kind: str, run: WorkerRun | None) -> float:
+    """Check every job is done, claimed once, and its handler ran once (from the
+    worker's ledger; *run* None: handlers in child processes, whose ledger is not
+    kept, checked in the table only); return jobs/s from the first claim to the last
+    completion, on the database clock.
 
     A claim sets ``run_at = now() + lease`` and a completion ``finished_at = now()``
     (each its statement's start), so ``max(finished_at) - (min(run_at) - lease)`` is the
@@ -229,9 +237,11 @@ def drained(b: Bench, kind: str, run: WorkerRun) -> float:
             {"lease": DEFAULT_LEASE},
         ).one()
     total = len(ids)
-    runs = Counter(job_id for job_id, ran, _ in run.ledger if ran == kind)
     if done != total or attempts != 1:
         raise RuntimeError(f"{done} of {total} jobs done, max attempts {attempts}")
+    if run is None:
+        return total / float(seconds)
+    runs = Counter(job_id for job_id, ran, _ in run.ledger if ran == kind)
     if set(runs) != set(ids) or max(runs.values()) != 1:
         twice = [i for i, n in runs.items() if n > 1][:5]
         raise RuntimeError(f"handlers ran {len(runs)} distinct jobs of {total}; twice: {twice}")
@@ -385,6 +395,49 @@ def drain_sleep(b: Bench) -> None:
         label = f"concurrency {SLEEP_CONCURRENCY}, --prefetch {prefetch}"
         b.record(f"4. drain 10 ms handler, {label} (jobs/s)", drained(b, "sleep10", run))
         b.record(f"8. worker peak RSS, 10 ms handler, {label} (MiB)", run.max_rss_mib)
+
+
+def process_executor(b: Bench) -> None:
+    """13. the process executor: 2,000 jobs of a CPU-bound handler drained on threads
+    and in child processes (each worker at its defaults: the threads' concurrency 100,
+    the processes' one per core); then a handler stuck in ``time.sleep`` and one in a
+    loop, 1 s timeout, killed by the process executor: how long each attempt lasted
+    (claim to its failure written, on the database clock)."""
+    from bench.app import CPU_ITERATIONS, cpu_work
+
+    started = time.perf_counter()
+    for _ in range(50):
+        cpu_work()
+    one = (time.perf_counter() - started) / 50 * 1000
+    b.record(f"13. CPU-bound handler alone, {CPU_ITERATIONS:,} iterations (ms)", one)
+    for label, args in (("threads", []), ("processes", ["--executor", "process"])):
+        b.fill("cpu", CPU_JOBS)
+        with worker(b, "--burst", *args, *QUIET, app=CPU_APP) as wait:
+            run = wait(600)
+        jobs_per_second = drained(b, "cpu", run if label == "threads" else None)
+        b.record(f"13. drain CPU-bound handler, {label}, defaults (jobs/s)", jobs_per_second)
+    b.reset()
+    with b.engine.begin() as conn:
+        for kind in ("stuck_sleep", "stuck_busy"):
+            sqlaq.enqueue(conn, kind, max_attempts=1)
+    with worker(b, "--burst", "--executor", "process", *QUIET, app=CPU_APP) as wait:
+        run = wait(120)
+    with b.engine.connect() as conn:
+        ended = conn.execute(
+            text(
+                "SELECT kind, status, last_error, extract(epoch FROM finished_at - attempted_at)"
+                " FROM sqlaq_jobs ORDER BY kind"
+            )
+        ).all()
+    for kind, status, error, seconds in ended:
+        if status != "failed" or "timed out after 1s" not in (error or ""):
+            raise RuntimeError(f"{kind}: {status}, {error!r}")
+        where = "time.sleep" if kind == "stuck_sleep" else "a Python loop"
+        b.record(
+            f"13. process executor, handler stuck in {where}, timeout 1 s: ended after (s)",
+            float(seconds),
+        )
+    b.record("13. process executor, the stuck handlers' burst worker: wall (s)", run.wall)
 
 
 def thread_ceiling(b: Bench, jobs: int = DRAIN_JOBS) -> None:
@@ -678,6 +731,7 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "claim_latency": claim_latency,
     "ops_loop": ops_loop,
     "limits": limits,
+    "process_executor": process_executor,
     "dashboard": dashboard_scenario.dashboard,
 }
 #: Run only when named (--only): see bench/scale.py.
@@ -697,6 +751,7 @@ RAW_200 = f"7. raw psycopg loop, {BEST_CONCURRENCY} in flight (jobs/s)"
 BEST_DRAIN = f"3. drain no-op, {BEST_FLAGS} --log-level warning (jobs/s)"
 RAW_BEST = f"7. raw psycopg loop, {BEST_IN_HAND} in flight (jobs/s)"
 BEST_RATIO = f"3/7. sqlaq / raw, best ({BEST_IN_HAND} in hand)"
+PROCESS_RATIO = "13. drain CPU-bound handler, processes / threads"
 RATIOS = {
     "3/7. sqlaq at defaults / raw, 10 in flight": (
         "3. drain no-op, defaults, --log-level warning (jobs/s)",
@@ -707,6 +762,10 @@ RATIOS = {
     "6. claim p50, 1M finished / empty table": (
         "6. claim 10, 1M finished rows: p50 (ms)",
         "6. claim 10, empty table: p50 (ms)",
+    ),
+    PROCESS_RATIO: (
+        "13. drain CPU-bound handler, processes, defaults (jobs/s)",
+        "13. drain CPU-bound handler, threads, defaults (jobs/s)",
     ),
 }
 # (figure, comparison, bound); a figure not measured in this run is left out.
@@ -720,6 +779,9 @@ TARGETS: list[tuple[str, str, float]] = [
     ("5. wake-up, commit to handler start: p99 (ms)", "<", 10),
     ("6. claim p50, 1M finished / empty table", "<=", 1.5),
     (SLEEP_BEST_RSS, "<", 80),
+    (PROCESS_RATIO, ">=", 1.7),
+    ("13. process executor, handler stuck in time.sleep, timeout 1 s: ended after (s)", "<", 2),
+    ("13. process executor, handler stuck in a Python loop, timeout 1 s: ended after (s)", "<", 2),
     *dashboard_scenario.TARGETS,
 ]
 

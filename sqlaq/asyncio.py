@@ -87,6 +87,7 @@ __all__ = [
     "chain",
     "chord",
     "claim",
+    "claim_fair",
     "claim_limited",
     "complete",
     "complete_with_result",
@@ -252,6 +253,7 @@ enqueue = asynchronous(ops.enqueue)
 enqueue_many = asynchronous(ops.enqueue_many)
 enqueue_copy = asynchronous(ops.enqueue_copy)
 claim = asynchronous(ops.claim)
+claim_fair = asynchronous(ops.claim_fair)
 claim_limited = asynchronous(ops.claim_limited)
 extend_lease = asynchronous(ops.extend_lease)
 complete = asynchronous(ops.complete)

@@ -21,6 +21,7 @@ from sqlaq.ops import DEFAULT_LEASE
 from sqlaq.option import (
     AutoInteger,
     Boolean,
+    Choice,
     Condition,
     DatabaseUrl,
     Domain,
@@ -28,6 +29,7 @@ from sqlaq.option import (
     Integer,
     Names,
     Option,
+    Weights,
 )
 from sqlaq.schema import DEFAULT_QUEUE
 
@@ -44,7 +46,9 @@ __all__ = [
     "DEFAULT_RETAIN_DONE",
     "DEFAULT_RETAIN_FAILED",
     "DEFAULT_START_TIMEOUT",
+    "EXECUTORS",
     "MAX_CONCURRENCY",
+    "MAX_PROCESSES",
     "WORKER_OPTIONS",
     "WorkerConfig",
     "check_options",
@@ -73,6 +77,11 @@ DEFAULT_RETAIN_DONE = timedelta(days=7)
 DEFAULT_RETAIN_FAILED = timedelta(days=30)
 #: Upper bound of concurrency (and prefetch): each sync slot is a thread.
 MAX_CONCURRENCY = 10_000
+#: Where sync handlers run (:mod:`sqlaq.worker.processes`): ``thread``, the worker's
+#: own threads, or ``process``, a pool of child processes.
+EXECUTORS = ("thread", "process")
+#: Upper bound of ``processes``, the child processes of the process executor.
+MAX_PROCESSES = 1024
 
 _OPTION = "sqlaq.option"
 
@@ -158,6 +167,37 @@ class WorkerConfig:
             claimed nor locked, and are left to other workers. The limits of limited
             kinds stay global. Checked against the table when the worker starts.
             None (the default) claims every job of the queues.
+        executor: Where sync (``def``) handlers run: ``"thread"`` (the default), on the
+            worker's threads; or ``"process"``, in a pool of child processes
+            (:mod:`sqlaq.worker.processes`): CPU-bound handlers get every core, and a
+            handler past its ``timeout`` is killed. A handler's own ``executor``
+            option overrides it for that kind; ``async`` and transactional handlers
+            always run in the worker's process.
+        processes: How many child processes the process executor keeps (1 to 1,024);
+            None (the default, ``auto``) is the number of CPUs the worker may run on;
+            never more than ``concurrency``. They start with the worker. A child runs
+            one job at a time; the worker's other jobs in hand (up to ``concurrency``)
+            wait for a free child, their leases kept and their timeouts not started:
+            short handlers need jobs waiting (claims then come in batches), while a
+            worker sharing long jobs with others may set ``concurrency`` to this number.
+        max_jobs_per_child: A child process is replaced after running this many jobs
+            (0, the default: never): for handlers that leak.
+        max_memory_per_child: A child process whose resident memory exceeds this many
+            MiB after a job is replaced (0, the default: no ceiling). The child reads
+            its own RSS after each job (``/proc/self/statm`` on Linux; elsewhere its
+            peak RSS, ``getrusage``); a job is never cut short for it.
+
+        fair: The queues claimed fairly across keys (:func:`sqlaq.claim_fair`): each
+            claim spreads over the keys with due jobs (the jobs without a key form one
+            share), weighted by *key_weights*, so a key that floods the queue gets its
+            share of this worker, not all of it. Other queues keep the plain claim
+            order; a name of a queue this worker does not serve changes nothing. Give
+            every worker of a queue the same setting: a worker without it still claims
+            each job once, in plain order. () (the default): none.
+        key_weights: The weight of a key in the fair queues (a positive int; 1 for the
+            keys not named), as a mapping (``{"vip": 3}``) or (key, weight) pairs, held
+            as pairs in key order: a key of weight 3 gets three times the share of a key
+            of weight 1 while both have due jobs.
 
     Raises:
         ConfigError: an option has an unusable type or value; the message names it.
@@ -266,6 +306,56 @@ class WorkerConfig:
             Condition(),
             "claim only jobs matching this SQL boolean expression over the job's columns "
             "(worker affinity), e.g. \"payload->>'region' = 'eu'\"",
+        ),
+    )
+
+    fair: tuple[str, ...] = field(
+        default=(),
+        metadata=_option(
+            Names(empty=True),
+            "queues whose jobs are claimed fairly across their keys (a flooding key gets "
+            "its share, not the whole worker), comma-separated; repeatable",
+            repeatable=True,
+        ),
+    )
+    key_weights: tuple[tuple[str, int], ...] = field(
+        default=(),
+        metadata=_option(
+            Weights(),
+            "weights of keys in fair queues, KEY=N comma-separated (others weigh 1); repeatable",
+            flag="--key-weight",
+            repeatable=True,
+        ),
+    )
+    executor: str = field(
+        default="thread",
+        metadata=_option(
+            Choice(EXECUTORS),
+            "where sync handlers run: the worker's threads, or a pool of child processes "
+            "(CPU-bound handlers, hard timeouts)",
+        ),
+    )
+    processes: int | None = field(
+        default=None,
+        metadata=_option(
+            AutoInteger(1, MAX_PROCESSES),
+            "child processes of the process executor; 'auto': one per CPU",
+        ),
+    )
+    max_jobs_per_child: int = field(
+        default=0,
+        metadata=_option(
+            Integer(0, 2**31 - 1),
+            "replace a child process after this many jobs (process executor); 0: never",
+        ),
+    )
+    max_memory_per_child: int = field(
+        default=0,
+        metadata=_option(
+            Integer(0, 2**31 - 1),
+            "replace a child process whose resident memory exceeds this many MiB after a "
+            "job (process executor); 0: no ceiling",
+            metavar="MIB",
         ),
     )
 

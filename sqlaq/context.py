@@ -39,6 +39,7 @@ class JobContext:
         attempt: This attempt's number (1 for the first run).
         max_attempts: How many attempts it may have in all.
         attempted_at: When this attempt started (the claim's ``now()``, database clock).
+        key: The job's key (a tenant, an account: ``enqueue(..., key=...)``), or None.
     """
 
     __slots__ = (
@@ -49,6 +50,7 @@ class JobContext:
         "attempt",
         "attempted_at",
         "id",
+        "key",
         "kind",
         "lease_length",
         "max_attempts",
@@ -66,6 +68,7 @@ class JobContext:
         lease_length: timedelta,
         renew: LeaseRenewer,
         attempted_at: datetime | None = None,
+        key: str | None = None,
     ) -> None:
         self.id = id
         self.kind = kind
@@ -77,6 +80,7 @@ class JobContext:
         self.lease_length = lease_length
         self._renew = renew
         self.attempted_at = attempted_at
+        self.key = key
         self._cancelled = False
         self._session: Any = None
 
@@ -94,6 +98,7 @@ class JobContext:
             lease_length,
             renew,
             job.attempted_at,
+            job.key,
         )
 
     @property

@@ -10,6 +10,7 @@
     ├── DatabaseUnavailableError        a worker could not reach its database at start
     ├── PermanentError                  raised by a handler: fail now, no retry
     ├── JobTimeoutError (TimeoutError)  an attempt ran past its handler's timeout
+    ├── HandlerProcessDied              the process running a handler died before it returned
     └── Snooze                          raised by a handler: run again later, no attempt used
 
 SQLAlchemy's own exceptions (``sqlalchemy.exc.*``) are never wrapped: they carry the
@@ -100,6 +101,15 @@ class JobTimeoutError(SqlaqError, TimeoutError):
     """
 
 
+class HandlerProcessDied(SqlaqError):
+    """The child process running a handler (``executor="process"``) died before it
+    returned: killed by a signal (the kernel's out-of-memory killer, an operator's
+    ``kill -9``), a crash in C code, or ``os._exit``. What its attempt's ``last_error``
+    names; retried per the handler's policy like any failure. The worker's other
+    children and jobs go on.
+    """
+
+
 class Snooze(SqlaqError):
     """Raised by a handler to run its job again after *delay*, without using an attempt.
 
@@ -124,3 +134,7 @@ class Snooze(SqlaqError):
             )
         self.delay = delay
         super().__init__(f"snoozed for {delay}")
+
+    def __reduce__(self) -> tuple[type[Snooze], tuple[timedelta]]:
+        # Pickled by its delay (a handler in a child process raises it to the worker).
+        return (type(self), (self.delay,))

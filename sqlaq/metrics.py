@@ -7,7 +7,12 @@ Series:
   ``snoozed``, ``failed`` or ``lost`` (the lease was lost and nothing was written);
 * ``sqlaq_job_duration_seconds{queue,kind}``: how long handlers ran (histogram);
 * ``sqlaq_queue_depth{queue}``: jobs due now and not running, read from the database at
-  scrape time (one grouped query per scrape, never on the worker's hot path).
+  scrape time (one grouped query per scrape, never on the worker's hot path);
+* ``sqlaq_key_running{key}`` and ``sqlaq_key_queued{key}``: running and queued jobs of
+  the busiest job keys, read at scrape time like the depth. Only the
+  :data:`~sqlaq.queries.BUSIEST_KEYS` (20) busiest keys are exported, so the series stay
+  bounded however many tenants there are: a key leaves the export when others are
+  busier (its series then ends).
 
 This module observes the worker through its callbacks; it runs no job. It imports
 ``prometheus_client`` when a :class:`WorkerMetrics` is made, so sqlaq itself does not
@@ -78,6 +83,7 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self.registry.register(_QueueDepth(engine, prom))
+        self.registry.register(_BusiestKeys(engine, prom))
         self._server: Any = None
 
     def job_started(self, job: ClaimedJob) -> None:
@@ -127,3 +133,36 @@ class _QueueDepth:
         yield self._prom.core.GaugeMetricFamily(
             "sqlaq_queue_depth", "Jobs due and waiting, by queue.", labels=["queue"]
         )
+
+
+class _BusiestKeys:
+    """Collects ``sqlaq_key_running`` and ``sqlaq_key_queued`` of the busiest keys
+    (:func:`sqlaq.queries.busiest_keys_stmt`: at most ``BUSIEST_KEYS`` series each) from
+    the database at scrape time."""
+
+    def __init__(self, engine: Engine, prom: Any) -> None:
+        self._engine = engine
+        self._prom = prom
+
+    def _families(self) -> tuple[Any, Any]:
+        family = self._prom.core.GaugeMetricFamily
+        return (
+            family("sqlaq_key_running", "Running jobs of the busiest keys.", labels=["key"]),
+            family("sqlaq_key_queued", "Queued jobs of the busiest keys.", labels=["key"]),
+        )
+
+    def collect(self) -> Iterator[Any]:
+        running, queued = self._families()
+        try:
+            with self._engine.connect() as conn:
+                for row in conn.execute(queries.busiest_keys_stmt()):
+                    running.add_metric([row.key], row.running)
+                    queued.add_metric([row.key], row.queued)
+        except Exception:  # a scrape must not fail because the database is away
+            _log.warning("could not read the busiest keys", exc_info=True)
+        yield running
+        yield queued
+
+    def describe(self) -> Iterator[Any]:
+        # Described without data, so registering does not query the database.
+        yield from self._families()

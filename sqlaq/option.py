@@ -16,7 +16,7 @@ build on it; nothing here knows about them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -288,6 +288,8 @@ class Names(Domain[tuple[str, ...]]):
     """
 
     what: str = "queue"
+    #: Whether no name at all is a value (else at least one is needed).
+    empty: bool = False
 
     @property
     def metavar(self) -> str:
@@ -317,13 +319,78 @@ class Names(Domain[tuple[str, ...]]):
                 raise ConfigError(_named(label, str(exc))) from exc
             if checked_name not in checked:
                 checked.append(checked_name)
-        if not checked:
+        if not checked and not self.empty:
             raise ConfigError(f"{label} must name at least one {self.what}")
         return tuple(checked)
 
     def show(self, value: tuple[str, ...]) -> str:
-        """``a,b``."""
-        return ",".join(value)
+        """``a,b`` (``none`` for no name)."""
+        return ",".join(value) or "none"
+
+
+@dataclass(frozen=True)
+class Weights(Domain[tuple[tuple[str, int], ...]]):
+    """Weights of job keys: a mapping of keys to ints from 1 to :data:`MAX_WEIGHT`, or
+    (key, weight) pairs, held as pairs in key order; as text, ``key=N`` pairs,
+    comma-separated (``vip=3,free=1``)."""
+
+    @property
+    def metavar(self) -> str:
+        """``KEY=N``."""
+        return "KEY=N"
+
+    def parse(self, text: str, label: str | None = None) -> tuple[tuple[str, int], ...]:
+        """See :meth:`Domain.parse`."""
+        check_text(text, label)
+        label = label or "the weights"
+        pairs: list[tuple[str, int]] = []
+        for item in (part.strip() for part in text.split(",")):
+            if not item:
+                continue
+            key, sep, number = item.rpartition("=")
+            if not sep or not number.strip().isdigit():
+                raise ConfigError(f"{label}: {_shown(item)} is not KEY=N (N a positive int)")
+            pairs.append((key.strip(), int(number)))
+        return self.check(pairs, label)
+
+    def check(self, value: object, label: str) -> tuple[tuple[str, int], ...]:
+        """See :meth:`Domain.check`: a mapping, or (key, weight) pairs (a key given
+        twice: its last weight)."""
+        if isinstance(value, Mapping):
+            pairs = list(value.items())
+        elif isinstance(value, Iterable) and not isinstance(value, str):
+            pairs = list(value)
+        else:
+            raise ConfigError(f"{label} must map keys to positive ints, got {_shown(value)}")
+        checked: dict[str, int] = {}
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise ConfigError(f"{label} must map keys to positive ints, got {_shown(pair)}")
+            key, weight = pair
+            try:
+                check_name("key", key)
+            except InvalidJobError as exc:
+                raise ConfigError(_named(label, str(exc))) from exc
+            if isinstance(weight, bool) or not isinstance(weight, int):
+                raise ConfigError(
+                    f"{label}: the weight of {key!r} must be an int, got {_shown(weight)}"
+                )
+            if not 1 <= weight <= MAX_WEIGHT:
+                raise ConfigError(
+                    f"{label}: the weight of {key!r} must be between 1 and {MAX_WEIGHT}, "
+                    f"got {weight}"
+                )
+            checked[key] = weight
+        held = tuple(sorted(checked.items()))
+        return value if value == held and isinstance(value, tuple) else held
+
+    def show(self, value: tuple[tuple[str, int], ...]) -> str:
+        """``free=1,vip=3`` (``none`` for no weight)."""
+        return ",".join(f"{key}={weight}" for key, weight in value) or "none"
+
+
+#: The largest weight of a key (fair claiming).
+MAX_WEIGHT = 1_000_000
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ class ClaimedJob:
             or None.
         timeout: The job's own attempt timeout (``enqueue(..., timeout=...)``), which
             the worker uses over its handler's; None: the handler's.
+        key: The job's key (``enqueue(..., key=...)``: a tenant, an account), or None.
     """
 
     id: int
@@ -100,6 +101,7 @@ class ClaimedJob:
     attempted_at: datetime | None = None
     headers: dict[str, Any] | None = None
     timeout: timedelta | None = None
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

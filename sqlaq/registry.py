@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypedDict, TypeVar, Unpack, cast
+from typing import Any, Literal, TypedDict, TypeVar, Unpack, cast
 from zoneinfo import ZoneInfo
 
 import tenacity
@@ -94,7 +94,9 @@ class HandlerOptions(TypedDict, total=False):
             slot stays taken until the thread returns, and whatever it returns
             then is not written. A sync handler that returns after its deadline
             has timed out all the same, never done; a transactional one has its
-            transaction rolled back.
+            transaction rolled back. With ``executor="process"`` a sync handler
+            past its deadline is killed instead (its child process), its slot
+            freed at once.
         key_concurrency: At most this many jobs of one key (``enqueue(...,
             key=...)``: a tenant, an account) of the kind run at once across every
             worker, enforced by the database at claim time like *concurrency*; other
@@ -105,6 +107,14 @@ class HandlerOptions(TypedDict, total=False):
             queued (a retry's wait holds the line), running, or failed for good: a
             failed job holds its key until it is retried or deleted (see
             ``docs/how-to/tenants.md``). Implies ``key_concurrency=1``.
+        executor: Where this kind's sync handler runs: ``"thread"``, on the worker's
+            threads; ``"process"``, in the worker's pool of child processes (every
+            core for CPU-bound work, a hard timeout; see
+            :mod:`sqlaq.worker.processes`); None (the default): the worker's
+            ``executor``. ``"process"`` is refused for an ``async`` or a
+            transactional handler (their work is the worker's event loop or its
+            transaction); the function must be importable by its module and name (a
+            module-level function), as the child imports it.
     """
 
     max_attempts: int
@@ -117,6 +127,7 @@ class HandlerOptions(TypedDict, total=False):
     timeout: timedelta | None
     key_concurrency: int | None
     ordered: bool
+    executor: Literal["thread", "process"] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +153,8 @@ class Handler:
         key_concurrency: At most this many jobs of one key run at once across all
             workers, or None for no per-key limit (1 when *ordered*).
         ordered: The jobs of one key run one at a time, in enqueue order.
+        executor: Where its sync handler runs: ``"thread"``, ``"process"``, or None
+            for the worker's ``executor``.
     """
 
     kind: str
@@ -158,6 +171,7 @@ class Handler:
     timeout: timedelta | None = None
     key_concurrency: int | None = None
     ordered: bool = False
+    executor: str | None = None
 
     @property
     def limited(self) -> bool:
@@ -221,7 +235,7 @@ class Registry:
             **options: The kind's options, each described in :class:`HandlerOptions`:
                 ``max_attempts``, ``lease``, ``retry``, ``wait``, ``concurrency``,
                 ``rate``, ``transaction``, ``timeout``, ``key_concurrency``,
-                ``ordered``.
+                ``ordered``, ``executor``.
 
         Raises:
             ConfigError: the kind is not a usable name or is already registered, or an
@@ -388,10 +402,17 @@ class Registry:
                     f"key_concurrency must be 1 or left out, got {resolved['key_concurrency']!r}"
                 )
             resolved["key_concurrency"] = 1
+        is_async = inspect.iscoroutinefunction(func)
+        if resolved["executor"] == "process" and (is_async or resolved["transaction"]):
+            sort = "an async" if is_async else "a transactional"
+            raise ConfigError(
+                f'executor="process" of {kind!r}: {sort} handler runs in the worker\'s '
+                "process; only plain sync (def) handlers can run in a child process"
+            )
         entry = Handler(
             kind=kind,
             func=func,
-            is_async=inspect.iscoroutinefunction(func),
+            is_async=is_async,
             takes_session=takes_session,
             **resolved,
         )
@@ -492,6 +513,12 @@ def _check_timeout(kind: str, value: object) -> timedelta | None:
             f"timeout of {kind!r} must be a timedelta above 0 and at most 100 years, got {value!r}"
         )
     return value
+
+
+def _check_executor(kind: str, value: object) -> str | None:
+    if value is None or (isinstance(value, str) and value in ("thread", "process")):
+        return value
+    raise ConfigError(f'executor of {kind!r} must be "thread", "process" or None, got {value!r}')
 
 
 def _check_max_attempts(kind: str, value: object) -> int:
@@ -602,4 +629,5 @@ _OPTIONS: dict[str, tuple[object, Callable[[str, Any], object]]] = {
     "timeout": (None, _check_timeout),
     "key_concurrency": (None, _check_key_concurrency),
     "ordered": (False, _check_ordered),
+    "executor": (None, _check_executor),
 }

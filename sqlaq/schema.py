@@ -94,6 +94,8 @@ DEBOUNCE_INDEX = "sqlaq_jobs_debounce_idx"
 DEPS_TABLE = "sqlaq_job_deps"
 WAITING_INDEX = "sqlaq_jobs_waiting_idx"
 KEY_INDEX = "sqlaq_jobs_key_idx"
+#: The fair claim's index (sqlaq_0009): pending jobs by queue and share in claim order.
+FAIR_INDEX = "sqlaq_jobs_fair_idx"
 DEPS_FUNCTION = "sqlaq_jobs_settle_children"
 DEPS_TRIGGER = "sqlaq_jobs_deps_trg"
 #: The NOTIFY channel of waiting jobs whose parent finished while they kept a parent
@@ -258,6 +260,17 @@ jobs = Table(
     ),
     Index(WAITING_INDEX, "id", postgresql_where=text(WAITING_SQL)),
     Index(KEY_INDEX, "kind", "key", "id", postgresql_where=text(KEY_SQL)),
+    # Fair claiming (sqlaq_0009): a queue's pending jobs by share (the key, '' for none)
+    # in claim order, walked one share at a time (see sqlaq.queries.fair_claim_stmt).
+    Index(
+        FAIR_INDEX,
+        "queue",
+        text("coalesce(key, '')"),
+        text("priority DESC"),
+        "run_at",
+        "id",
+        postgresql_where=text(PENDING_SQL),
+    ),
 )
 
 #: The recent starts of each rate-limited kind (a sliding-window log, at most the rate's

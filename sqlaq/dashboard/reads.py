@@ -390,16 +390,20 @@ class Workers:
         rates: Per rate-limited kind with a start log: ``kind, logged, newest, recent,
             rate`` (the registry's, or None).
         alive: The workers' heartbeat rows (:func:`sqlaq.control.list_workers`).
+        keys: The busiest job keys: ``key, running, queued`` (see
+            :func:`sqlaq.queries.busiest_keys_stmt`).
     """
 
     kinds: list[dict[str, Any]]
     workers: list[Row[Any]]
     rates: list[dict[str, Any]]
     alive: list[control.WorkerInfo] = field(default_factory=list)
+    keys: list[Row[Any]] = field(default_factory=list)
 
 
 def workers(conn: Connection, registry: Registry | None) -> Workers:
-    """Read the concurrency each kind uses, the workers holding jobs and the rate logs;
+    """Read the concurrency each kind uses, the workers holding jobs, the rate logs and
+    the busiest keys;
     with *registry*, beside each kind's limits (kinds limited but idle included)."""
     handlers = {h.kind: h for h in registry} if registry is not None else {}
     kinds = {row.kind: dict(row._mapping) for row in conn.execute(queries.running_by_kind_stmt())}
@@ -417,7 +421,10 @@ def workers(conn: Connection, registry: Registry | None) -> Workers:
         values["rate"] = limited.rate if limited else None
         rates.append(values)
     workers_ = list(conn.execute(queries.running_workers_stmt()))
-    return Workers([kinds[k] for k in sorted(kinds)], workers_, rates, control.list_workers(conn))
+    keys = list(conn.execute(queries.busiest_keys_stmt()))
+    return Workers(
+        [kinds[k] for k in sorted(kinds)], workers_, rates, control.list_workers(conn), keys
+    )
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,13 @@ class Views:
         """``GET /workers``: concurrency in use per kind, workers holding jobs, rates."""
         data = await self.read(lambda conn: reads.workers(conn, self.registry))
         return self.render(
-            request, "workers.html", {"w": data, "has_registry": self.registry is not None}
+            request,
+            "workers.html",
+            {
+                "w": data,
+                "has_registry": self.registry is not None,
+                "busiest_keys": queries.BUSIEST_KEYS,
+            },
         )
 
     async def schedules(self, request: Request) -> Response:

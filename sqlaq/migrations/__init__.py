@@ -33,6 +33,7 @@ from sqlaq.schema import (
     DEBOUNCE_INDEX,
     DEDUPE_INDEX,
     DEPS_TABLE,
+    FAIR_INDEX,
     FINISHED_INDEX,
     KEY_INDEX,
     PAUSED_TABLE,
@@ -72,7 +73,7 @@ __all__ = [
 
 #: The newest shipped revision: what this sqlaq needs. A test pins it to the head of the
 #: revision files, so it cannot drift from them.
-HEAD = "sqlaq_0007"
+HEAD = "sqlaq_0009"
 #: The branch label of sqlaq's revisions: ``alembic downgrade sqlaq@base``.
 BRANCH = "sqlaq"
 #: For a host's ``version_locations`` (needs ``path_separator = space`` or similar).
@@ -101,6 +102,7 @@ _OWN_INDEXES = frozenset(
         DEBOUNCE_INDEX,
         WAITING_INDEX,
         KEY_INDEX,
+        FAIR_INDEX,
     }
 )
 
@@ -133,7 +135,7 @@ def standalone_config(url: str | None = None, *, connection: Connection | None =
 
 
 def head_revision() -> str:
-    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0007"`` (:data:`HEAD`)."""
+    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0009"`` (:data:`HEAD`)."""
     return HEAD
 
 

@@ -122,6 +122,12 @@ EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
         "WHERE ((key IS NOT NULL) AND (status = ANY (ARRAY['queued'::text, 'running'::text, "
         "'failed'::text])))",
     ),
+    "sqlaq_jobs_fair_idx": (
+        TABLE_NAME,
+        "CREATE INDEX sqlaq_jobs_fair_idx ON sqlaq_jobs USING btree (queue, "
+        "COALESCE(key, ''::text), priority DESC, run_at, id) "
+        "WHERE (status = ANY (ARRAY['queued'::text, 'running'::text]))",
+    ),
     "sqlaq_job_deps_child_id_idx": (
         DEPS_TABLE,
         "CREATE INDEX sqlaq_job_deps_child_id_idx ON sqlaq_job_deps USING btree "

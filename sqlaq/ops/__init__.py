@@ -4,7 +4,7 @@ Every operation on a job, in lifecycle order, each written once as a plan (see
 :mod:`sqlaq.drive`) in the module of its stage:
 
 * :mod:`~sqlaq.ops.enqueuing`: :func:`enqueue`, :func:`enqueue_many`, :func:`enqueue_copy`;
-* :mod:`~sqlaq.ops.claiming`: :func:`claim`, :func:`claim_limited`;
+* :mod:`~sqlaq.ops.claiming`: :func:`claim`, :func:`claim_fair`, :func:`claim_limited`;
 * :mod:`~sqlaq.ops.settling`: :func:`extend_lease`, :func:`complete`, :func:`fail`,
   :func:`snooze`, :func:`handback`;
 * :mod:`~sqlaq.ops.retention`: :func:`retry`, :func:`cancel`, :func:`cancelled_among`,
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from sqlaq.drive import Executor
 from sqlaq.ops._common import DEFAULT_LEASE, DEFAULT_PRUNE_BATCH
-from sqlaq.ops.claiming import claim, claim_limited
+from sqlaq.ops.claiming import claim, claim_fair, claim_limited
 from sqlaq.ops.enqueuing import enqueue, enqueue_copy, enqueue_many
 from sqlaq.ops.operators import list_workers, notify_queues, pause, paused_queues, resume
 from sqlaq.ops.retention import cancel, cancelled_among, count_prunable, prune, retry, sweep
@@ -95,6 +95,7 @@ __all__ = [
     "chain",
     "chord",
     "claim",
+    "claim_fair",
     "claim_limited",
     "complete",
     "count_prunable",

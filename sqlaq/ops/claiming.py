@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -21,8 +21,9 @@ from sqlaq.encoding import (
 from sqlaq.errors import ConfigError, InvalidJobError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
-from sqlaq.ops._citus import DISTRIBUTED
+from sqlaq.ops._citus import DISTRIBUTED, refuse
 from sqlaq.ops._common import _NIL, DEFAULT_LEASE, _check_positive
+from sqlaq.option import Weights
 from sqlaq.queries import citus as citus_queries
 from sqlaq.records import ClaimedJob, LimitedClaim
 from sqlaq.schema import (
@@ -50,6 +51,10 @@ _CLAIM_IDS = queries.claim_stmt(
 )
 
 _KEYED_CANDIDATES = queries.keyed_candidates_stmt(ordered=False)
+
+_CLAIM_FAIR = queries.fair_claim_stmt()
+
+_CLAIM_FAIR_EXCLUDING = queries.fair_claim_stmt(exclude_kinds=True)
 
 _ORDERED_CANDIDATES = queries.keyed_candidates_stmt(ordered=True)
 
@@ -132,6 +137,70 @@ def _narrows(where: Any) -> bool:
     return where is not None and not (isinstance(where, Sequence) and not where)
 
 
+@operation
+def claim_fair(
+    *,
+    worker_id: UUID,
+    queue: str = DEFAULT_QUEUE,
+    limit: int = 1,
+    lease: timedelta = DEFAULT_LEASE,
+    weights: Mapping[str, int] | None = None,
+    exclude_kinds: Collection[str] = (),
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+) -> Plan[list[ClaimedJob]]:
+    """Claim up to *limit* due jobs of *queue* for *worker_id*, shared fairly between
+    the jobs' keys: :func:`claim`, but a key with a deep backlog gets its share of the
+    claim, not all of it.
+
+    Each key is a share (the jobs without a key form one share together); a claim
+    takes from each share with due jobs about ``limit * weight / total weight`` jobs
+    (at least one), its first in claim order (priority, then ``run_at``, then id), and
+    keeps the *limit* that rank first within their share per unit of weight (ties: the
+    higher priority, then at random, so equal shares take turns from claim to claim).
+    When the shares with due jobs give fewer than *limit*, the rest is taken in plain
+    claim order: a claim comes back short only when fewer jobs are due. One statement
+    (see :func:`sqlaq.queries.fair_claim_stmt`): the shares are found by one index
+    probe each (a loose index scan of the fair index), whatever their depth, so it
+    suits queues with up to some thousands of keys with pending jobs at once.
+
+    Args:
+        weights: A key's weight (a positive int; 1 for the keys not named): a key of
+            weight 3 gets three times the share of a key of weight 1 while both have
+            due jobs.
+        exclude_kinds: Kinds not to claim (the limited kinds), as :func:`claim`'s.
+        where: Claim only jobs matching this clause, as :func:`claim`'s.
+
+    Raises:
+        ConfigError: *limit* is not a positive int, *worker_id* not a UUID, *weights*
+            not a mapping of keys to ints from 1 to 1,000,000, or *where* not a clause
+            over ``sqlaq.jobs``.
+        InvalidJobError: *lease* is not a positive timedelta of at most 100 years, or
+            *queue* is not a name.
+    """
+    _check_claim(worker_id, queue, limit, lease)
+    kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
+    checked = dict(Weights().check(weights or {}, "weights"))
+    yield from refuse(
+        "a fair claim",
+        "it walks every key of the queue across the shards in one locking statement; "
+        "spread tenants over queues (one shard each) instead",
+    )
+    params = queries.fair_claim_params(
+        queue=queue,
+        worker_id=worker_id,
+        limit=limit,
+        lease=lease,
+        exclude_kinds=kinds,
+        weights=checked,
+    )
+    if where is not None and not (isinstance(where, Sequence) and not where):
+        stmt = _narrowed_claim(where, "fair-excluding" if kinds else "fair")
+    else:
+        stmt = _CLAIM_FAIR_EXCLUDING if kinds else _CLAIM_FAIR
+    claimed = yield stmt, params
+    return _claimed(claimed.all(), worker_id, lease)
+
+
 # Narrowed claims, by the identity of their clause(s) and their variant ("": plain,
 # "excluding": excluding kinds, "kind": one kind's, "keyed"/"ordered": a keyed kind's
 # candidates; "citus", "citus-excluding", "citus-kind", "citus-ordered": the same on a
@@ -163,6 +232,8 @@ def _narrowed_claim(where: Any, variant: str) -> Any:
         stmt = queries.keyed_candidates_stmt(
             ordered=variant != "keyed", where=list(clauses), per_queue=variant == "citus-ordered"
         )
+    elif variant in ("fair", "fair-excluding"):
+        stmt = queries.fair_claim_stmt(exclude_kinds=variant != "fair", where=list(clauses))
     else:
         stmt = queries.claim_stmt(
             queue="_",
@@ -394,6 +465,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             run_at - lease,
             headers,
             timeout,
+            key,
         )
         for (
             job_id,
@@ -409,6 +481,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             created_at,
             headers,
             timeout,
+            key,
         ) in rows
         if status == "running"
     ]
@@ -462,6 +535,7 @@ def _new_claimed_job(
     attempted_at: datetime | None,
     headers: dict[str, Any] | None,
     timeout: timedelta | None,
+    key: str | None,
 ) -> ClaimedJob:
     """``ClaimedJob(...)`` with every field given, faster (see
     :func:`~sqlaq.encoding.slot_setters`)."""
@@ -478,6 +552,7 @@ def _new_claimed_job(
         set_attempted_at,
         set_headers,
         set_timeout,
+        set_key,
     ) = _CLAIMED_SETTERS
     job = object.__new__(ClaimedJob)
     set_id(job, job_id)
@@ -492,4 +567,5 @@ def _new_claimed_job(
     set_attempted_at(job, attempted_at)
     set_headers(job, headers)
     set_timeout(job, timeout)
+    set_key(job, key)
     return job

@@ -69,6 +69,8 @@ from sqlaq.queries.catalog import (
 from sqlaq.queries.claim import (
     claim_params,
     claim_stmt,
+    fair_claim_params,
+    fair_claim_stmt,
     key_running_stmt,
     keyed_candidates_params,
     keyed_candidates_stmt,
@@ -88,8 +90,10 @@ from sqlaq.queries.columns import (
     enqueue_uniform_params,
 )
 from sqlaq.queries.dashboard import (
+    BUSIEST_KEYS,
     LARGE_VALUES,
     WAIT_PERCENTILES,
+    busiest_keys_stmt,
     error_line,
     failure_group_ids_stmt,
     failure_groups_stmt,
@@ -192,6 +196,7 @@ from sqlaq.queries.workflow import (
 )
 
 __all__ = [
+    "BUSIEST_KEYS",
     "CLAIM_COLUMNS",
     "COPY_COLUMNS",
     "LARGE_VALUES",
@@ -199,6 +204,7 @@ __all__ = [
     "WAIT_PERCENTILES",
     "Reference",
     "blocking_references_stmt",
+    "busiest_keys_stmt",
     "cancel_stmt",
     "cancel_workflow_stmt",
     "cancelled_among_stmt",
@@ -235,6 +241,8 @@ __all__ = [
     "fail_stmt",
     "failure_group_ids_stmt",
     "failure_groups_stmt",
+    "fair_claim_params",
+    "fair_claim_stmt",
     "fence_params",
     "find_jobs_stmt",
     "find_pending_duplicate_stmt",

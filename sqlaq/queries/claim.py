@@ -3,7 +3,7 @@ log of limited kinds."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -16,6 +16,7 @@ from sqlalchemy import (
     Insert,
     Integer,
     Interval,
+    Numeric,
     Select,
     Text,
     Update,
@@ -30,10 +31,12 @@ from sqlalchemy import (
     select,
     text,
     type_coerce,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
+from sqlalchemy.sql.elements import Grouping
 
 from sqlaq.errors import ConfigError
 from sqlaq.limits import Rate
@@ -165,6 +168,12 @@ def claim_stmt(
         .cte("candidates")
         .prefix_with("MATERIALIZED")
     )
+    return _claim_update(candidates, v)
+
+
+def _claim_update(candidates: Any, v: dict[str, Any]) -> Update:
+    """The claim's UPDATE of the jobs whose ids the materialized CTE *candidates* holds
+    (locked by it), returning :data:`CLAIM_COLUMNS` (see :func:`claim_stmt`)."""
     exhausted = and_(_RUNNING, c.attempts >= c.max_attempts)
     expired_error = _expired_error()
     reclaimed_error = _expired_error("claimed again")
@@ -453,3 +462,191 @@ def keyed_candidates_stmt(
         .order_by(c.priority.desc(), c.run_at, c.id)
         .limit(bindparam("b_limit", 1, Integer))
     )
+
+
+def fair_claim_params(
+    *,
+    queue: str,
+    worker_id: UUID,
+    limit: int,
+    lease: timedelta,
+    exclude_kinds: Collection[str] = (),
+    weights: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """The bind values of :func:`fair_claim_stmt` (built with the same *exclude_kinds*
+    choice)."""
+    params = claim_params(
+        queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=exclude_kinds
+    )
+    shares = sorted((weights or {}).items())
+    params["b_weight_keys"] = [key for key, _ in shares]
+    params["b_weights"] = [weight for _, weight in shares]
+    return params
+
+
+def fair_claim_stmt(
+    *,
+    exclude_kinds: bool = False,
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+) -> Update:
+    """Claim up to ``b_limit`` due jobs of ``b_queue``, shared fairly between its keys.
+
+    The jobs of a queue are split into shares by their ``key`` (the jobs without a key
+    form one share). The claim walks the shares that have pending jobs through the
+    fair index (:data:`sqlaq.schema.FAIR_INDEX`: a loose index scan, one probe per
+    share, whatever its depth), then takes from each share its first
+    ``ceil(b_limit * weight / total weight)`` due jobs in claim order (``FOR UPDATE
+    SKIP LOCKED``), and keeps the ``b_limit`` of them that come first by their rank
+    within their share divided by the share's weight, then priority, then at random
+    (so equal shares take turns, claim after claim). A share's weight is its key's in
+    ``b_weights`` (the weights of the keys of ``b_weight_keys``, in that order), else 1.
+    When the shares give fewer than ``b_limit`` (few shares have due jobs), the claim
+    takes the rest in plain claim order, so a claim comes back short only when fewer
+    jobs are due. The rows read but not kept (at most one per share) stay locked until
+    the statement's transaction ends.
+
+    With *exclude_kinds*, jobs of the kinds bound as ``b_excluded`` are left out (the
+    limited kinds, see :func:`claim_stmt`); *where* narrows the claim as
+    :func:`claim_stmt`'s does. A paused queue gives nothing. The UPDATE is
+    :func:`claim_stmt`'s: the same lease, attempts, expired-lease handling and
+    ``RETURNING`` columns.
+
+    Renders::
+
+        WITH RECURSIVE walk(k) AS (
+            (SELECT coalesce(key, '') FROM sqlaq_jobs
+             WHERE status IN ('queued', 'running') AND queue = :b_queue
+               AND NOT EXISTS (<the queue is paused>) ORDER BY 1 LIMIT 1)
+            UNION ALL
+            SELECT (SELECT coalesce(j.key, '') FROM sqlaq_jobs AS j
+                    WHERE <pending> AND j.queue = :b_queue AND coalesce(j.key, '') > walk.k
+                    ORDER BY 1 LIMIT 1)
+            FROM walk WHERE walk.k IS NOT NULL),
+        shares AS MATERIALIZED (SELECT k, coalesce((:b_weights)[array_position(
+            :b_weight_keys, k)], 1) AS w FROM walk WHERE k IS NOT NULL),
+        fair AS MATERIALIZED (
+            SELECT p.id, shares.w, row_number() OVER (PARTITION BY shares.k ORDER BY
+                   p.priority DESC, p.run_at, p.id) AS rn, p.priority
+            FROM shares JOIN LATERAL (
+                SELECT id, priority, run_at FROM sqlaq_jobs WHERE <pending>
+                  AND queue = :b_queue AND coalesce(key, '') = shares.k AND run_at <= now()
+                ORDER BY priority DESC, run_at, id
+                LIMIT ceil(:b_limit * shares.w / (SELECT sum(w) FROM shares))
+                FOR UPDATE SKIP LOCKED) AS p ON true),
+        candidates AS MATERIALIZED (
+            (SELECT id FROM fair ORDER BY rn / w, priority DESC, random() LIMIT :b_limit)
+            UNION ALL
+            SELECT id FROM (<claim_stmt's candidates, AND id <> ALL(ARRAY(SELECT id
+                            FROM fair))>) AS fallback
+            LIMIT :b_limit)
+        UPDATE sqlaq_jobs SET ... (as claim_stmt)
+
+    Raises:
+        ConfigError: *where* is not a clause over ``sqlaq.jobs`` (see
+            :func:`claim_stmt`).
+    """
+    v = claim_params(queue="_", worker_id=UUID(int=0), limit=1, lease=timedelta(seconds=1))
+    queue_ = bindparam("b_queue", "_", Text)
+    limit_ = bindparam("b_limit", 1, Integer)
+    which: list[ColumnElement[bool]] = []
+    if exclude_kinds:
+        which.append(c.kind != func.all(bindparam("b_excluded", [], ARRAY(Text))))
+    which += _where_clauses(where)
+    not_paused = ~exists().where(paused_queues.c.queue == queue_)
+    share = _share_of(c)
+    # The shares with claimable jobs (due, of the kinds and rows this claim may take),
+    # in key order, one index probe each: a share whose pending jobs all run or wait
+    # for later is not one (its slots would go to the plain order).
+    claimable = (_PENDING, c.queue == queue_, c.run_at <= _NOW, *which)
+    first = (
+        select(share.label("k"))
+        .where(*claimable, not_paused)
+        .order_by(share)
+        .limit(literal_column("1", Integer))
+        .cte("walk", recursive=True)
+    )
+    following = (
+        select(share)
+        .where(*claimable, share > first.c.k)
+        .order_by(share)
+        .limit(literal_column("1", Integer))
+        .scalar_subquery()
+    )
+    walk = first.union_all(select(following).where(first.c.k.is_not(None)))
+    weight = func.coalesce(
+        # (:b_weights)[i]: a bind's cast must be parenthesised before a subscript.
+        Grouping(bindparam("b_weights", [], ARRAY(Integer)))[
+            func.array_position(bindparam("b_weight_keys", [], ARRAY(Text)), walk.c.k)
+        ],
+        literal_column("1", Integer),
+    )
+    shares = (
+        select(walk.c.k, weight.label("w"))
+        .where(walk.c.k.is_not(None))
+        .cte("shares")
+        .prefix_with("MATERIALIZED")
+    )
+    total = select(func.sum(shares.c.w)).scalar_subquery()
+    taken = func.ceil(limit_ * type_coerce(shares.c.w, Numeric) / total)
+    # The claim's slots: share s's j-th job scores j / weight; the b_limit lowest scores
+    # (ties at random) say how many jobs each share gives, before a row is read.
+    slot = (
+        func.generate_series(literal_column("1", Integer), taken)
+        .table_valued("j")
+        .render_derived(name="slot")
+    )
+    slots = (
+        select(shares.c.k)
+        .select_from(shares.join(slot, literal_column("true", Boolean)))
+        .order_by(slot.c.j / shares.c.w, func.random())
+        .limit(limit_)
+        .subquery("slots")
+    )
+    allotted = (
+        select(slots.c.k, func.count().label("n"))
+        .group_by(slots.c.k)
+        .cte("allotted")
+        .prefix_with("MATERIALIZED")
+    )
+    per_share = (
+        select(c.id)
+        .where(_PENDING, c.queue == queue_, share == allotted.c.k, c.run_at <= _NOW, *which)
+        .order_by(c.priority.desc(), c.run_at, c.id)
+        .limit(allotted.c.n)
+        .with_for_update(skip_locked=True)
+        .lateral("p")
+    )
+    fair = (
+        select(per_share.c.id)
+        .select_from(allotted.join(per_share, literal_column("true", Boolean)))
+        .cte("fair")
+        .prefix_with("MATERIALIZED")
+    )
+    fallback = (
+        select(c.id)
+        .where(
+            _PENDING,
+            c.queue == queue_,
+            c.run_at <= _NOW,
+            not_paused,
+            c.id != func.all(func.array(select(fair.c.id).scalar_subquery())),
+            *which,
+        )
+        .order_by(c.priority.desc(), c.run_at, c.id)
+        .limit(limit_)
+        .with_for_update(skip_locked=True)
+        .subquery("fallback")
+    )
+    candidates = (
+        union_all(select(fair.c.id), select(fallback.c.id))
+        .limit(limit_)
+        .cte("candidates")
+        .prefix_with("MATERIALIZED")
+    )
+    return _claim_update(candidates, v)
+
+
+def _share_of(columns: Any) -> ColumnElement[str]:
+    """The fair index's share expression, ``coalesce(key, '')`` (a key is never blank:
+    ``''`` is the share of the jobs without a key), literal so it matches the index."""
+    return func.coalesce(columns.key, literal_column("''", Text))

@@ -176,6 +176,7 @@ CLAIM_COLUMNS = (
     c.created_at,
     c.headers,
     c.timeout,
+    c.key,
 )
 
 #: Columns :func:`job_outcome_stmt` and :func:`watch_job_stmt` return, in this order.

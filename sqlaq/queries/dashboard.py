@@ -260,6 +260,32 @@ def running_workers_stmt() -> Select[Any]:
     )
 
 
+#: How many keys the busiest-keys list shows (and the per-key metrics export).
+BUSIEST_KEYS = 20
+
+
+def busiest_keys_stmt(*, limit: int = BUSIEST_KEYS) -> Select[Any]:
+    """Select the *limit* busiest job keys: ``key, running, queued`` (queued due or not),
+    over the pending jobs that have a key, most running first, then most queued.
+
+    Renders ``SELECT key, count(*) FILTER (WHERE status = 'running') AS running,
+    count(*) FILTER (WHERE status = 'queued') AS queued FROM sqlaq_jobs WHERE status IN
+    ('queued', 'running') AND key IS NOT NULL GROUP BY key ORDER BY running DESC, queued
+    DESC, key LIMIT :b_limit``. It counts every pending keyed job (the fair index, or
+    the key index, read whole): milliseconds per 100,000 pending jobs, for a page or a
+    scrape, never for a claim.
+    """
+    running = func.count().filter(_RUNNING).label("running")
+    queued = func.count().filter(c.status == _status(JobStatus.QUEUED)).label("queued")
+    return (
+        select(c.key, running, queued)
+        .where(_PENDING, c.key.is_not(None))
+        .group_by(c.key)
+        .order_by(running.desc(), queued.desc(), c.key)
+        .limit(bindparam("b_limit", limit, Integer))
+    )
+
+
 def rate_logs_stmt(*, periods: Mapping[str, timedelta] | None = None) -> Select[Any]:
     """Select each rate-limited kind's start log (``sqlaq_rates``): ``kind, logged``
     (starts kept), ``newest`` (the latest start), and ``recent``: for the kinds of

@@ -404,14 +404,18 @@ def count_referenced_stmt(
 def _prunable(
     older_than: timedelta, statuses: Collection[JobStatus], *, workflows: bool = True
 ) -> ColumnElement[bool]:
-    # Without *workflows* (on Citus, where no job has parents), the workflow test is
-    # left out: its recursive walk is refused on a distributed table.
-    return and_(
+    """Finished jobs of *statuses* older than *older_than*; with *workflows* (the
+    default), not those an unfinished workflow still needs. A job table distributed on
+    Citus has no workflows (they refuse there) and its shards take no recursive walk:
+    its statements pass ``workflows=False``."""
+    prunable = [
         _FINISHED,
         c.status == func.any(bindparam("b_statuses", sorted(statuses), ARRAY(Text))),
         c.finished_at < _NOW - bindparam("b_older_than", older_than, Interval),
-        *([~in_unfinished_workflow()] if workflows else []),
-    )
+    ]
+    if workflows:
+        prunable.append(~in_unfinished_workflow())
+    return and_(*prunable)
 
 
 def count_prunable_stmt(

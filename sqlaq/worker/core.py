@@ -56,7 +56,7 @@ from sqlaq.outcome import Outcome, Verdict, decide
 from sqlaq.registry import Registry
 from sqlaq.schema import CANCEL_CHANNEL, CHANNEL, RELEASE_CHANNEL
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
-from sqlaq.worker import pool
+from sqlaq.worker import pool, processes
 from sqlaq.worker.fetcher import Fetcher
 from sqlaq.worker.leases import Leases
 from sqlaq.worker.listener import Listener, Waker, connection_params
@@ -144,6 +144,8 @@ class Worker:
         if options or config is None:
             check_options(options, also=_KEYWORDS)
             config = WorkerConfig.from_options(config, **options)
+        # Before anything is started: a handler that cannot reach a child is refused.
+        self._processes = processes.for_worker(registry, config)
         self.config = config
         self._own_engine = not isinstance(engine, Engine)
         engine = sync_engine(engine, pool.sized(config, registry))
@@ -191,6 +193,7 @@ class Worker:
             sessions=self._sessions.sync,
             async_sessions=self._sessions.async_,
             on_deadline=self._wake.set,
+            processes=self._processes,
         )
         lengths = [config.lease, *(h.lease for h in registry if h.lease is not None)]
         self._leases = Leases(engine, lengths, on_cancelled=self._runner.cancel)
@@ -353,6 +356,8 @@ class Worker:
             )
             self._maintenance.start()
         self._writer.start()
+        if self._processes is not None:  # its children ready before the first claim
+            self._processes.start()
         self.started.set()
 
     def _step(self, *, claiming: bool) -> None:

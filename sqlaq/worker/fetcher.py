@@ -42,6 +42,8 @@ __all__ = ["Fetcher"]
 
 _CLAIM = plan_of(ops.claim)
 
+_CLAIM_FAIR = plan_of(ops.claim_fair)
+
 
 class Fetcher:
     """Claims due jobs for one worker.
@@ -90,6 +92,7 @@ class Fetcher:
             where = (queries.where_text(where),)
         self._where: tuple[Any, ...] = tuple(where or ())
         self._where_checked = not self._where
+        self._weights = dict(config.key_weights)  # of the fair queues' keys
         if self._where:
             queries.where_check_stmt(where=list(self._where))  # ConfigError: another table
 
@@ -205,14 +208,25 @@ class Fetcher:
             return claimed
         try:
             conn = self._connection()
-            plan = _CLAIM(
-                worker_id=self._worker_id,
-                queue=queue,
-                limit=room - len(claimed),
-                lease=self._config.lease,
-                exclude_kinds=self.gates.kinds,
-                where=self._where,
-            )
+            if queue in self._config.fair:  # shared fairly across the queue's keys
+                plan = _CLAIM_FAIR(
+                    worker_id=self._worker_id,
+                    queue=queue,
+                    limit=room - len(claimed),
+                    lease=self._config.lease,
+                    weights=self._weights,
+                    exclude_kinds=self.gates.kinds,
+                    where=self._where,
+                )
+            else:
+                plan = _CLAIM(
+                    worker_id=self._worker_id,
+                    queue=queue,
+                    limit=room - len(claimed),
+                    lease=self._config.lease,
+                    exclude_kinds=self.gates.kinds,
+                    where=self._where,
+                )
             jobs = self._precompiled.run(conn, plan)
             conn.commit()  # ends SQLAlchemy's own transaction, if any; nothing is sent
         except Exception as exc:

@@ -2,7 +2,9 @@
 
 This module owns where handler code executes: sync handlers on a set of long-lived
 daemon threads fed by one queue (a job costs a queue hand-off, never a thread), async
-handlers as tasks on one event loop in one daemon thread. Each finished handler becomes a
+handlers as tasks on one event loop in one daemon thread. A sync handler of the
+process executor is run by its slot thread in a child process
+(:mod:`sqlaq.worker.processes`), the thread waiting for its answer. Each finished handler becomes a
 :class:`~sqlaq.worker.run.Finished` value (its outcome decided by
 :func:`sqlaq.outcome.decide`, in the thread that ran it) handed back through a callback.
 It writes nothing and keeps no state about a run once it is reported.
@@ -28,6 +30,7 @@ from sqlaq import tracing
 from sqlaq.context import bind, unbind
 from sqlaq.outcome import CANCELLED, decide
 from sqlaq.worker import transaction
+from sqlaq.worker.processes import ProcessPool
 from sqlaq.worker.run import Finished, Run, bounded, timed_out
 
 __all__ = ["Runner"]
@@ -51,6 +54,8 @@ class Runner:
             outcome and duration), from the thread that ran it.
         on_deadline: Called (from a slot thread) when a sync handler with a timeout
             starts, so the worker wakes at its deadline (:meth:`next_deadline`).
+        processes: The child processes that run the sync handlers of the process
+            executor (their kinds), if any.
     """
 
     def __init__(
@@ -62,7 +67,9 @@ class Runner:
         sessions: transaction.SessionFactory | None = None,
         async_sessions: transaction.AsyncSessionFactory | None = None,
         on_deadline: Callable[[], None] | None = None,
+        processes: ProcessPool | None = None,
     ) -> None:
+        self._processes = processes
         self._sessions = sessions
         self._on_deadline = on_deadline
         self._async_sessions = async_sessions
@@ -152,7 +159,12 @@ class Runner:
 
     def cancel(self, run: Run) -> None:
         """*run*'s job was cancelled: an async handler's task is cancelled (it is
-        reported as cancelled); a sync handler only sees ``current_job().cancelled``."""
+        reported as cancelled), a handler in a child process is killed (likewise); a
+        sync handler on a thread only sees ``current_job().cancelled``."""
+        processes = self._processes
+        if processes is not None and run.handler is not None and processes.runs(run.handler):
+            processes.cancel(run)
+            return
         loop = self._loop
         if run.handler is None or not run.handler.is_async or loop is None or loop.is_closed():
             return
@@ -173,8 +185,11 @@ class Runner:
         """Let idle threads exit, cancel running async handlers, stop the loop (only
         the runner's own: a host's loop goes on).
 
-        Threads still running a sync handler are abandoned (they are daemons).
+        Threads still running a sync handler are abandoned (they are daemons); child
+        processes still running one are killed.
         """
+        if self._processes is not None:
+            self._processes.close()
         for _ in self._threads:
             self._queue.put(None)
         loop = self._loop
@@ -247,8 +262,11 @@ class Runner:
 
     def _run_one(self, run: Run) -> None:
         span = tracing.span_for(run)  # None without sqlaq[otel]
+        processes = self._processes
         if run.context.cancelled:  # cancelled while it waited: never started
             finished = Finished(run, CANCELLED, 0.0)
+        elif processes is not None and run.handler is not None and processes.runs(run.handler):
+            finished = processes.run(run)  # its deadline is the pool's: a hard one
         elif run.handler is not None and run.timeout is not None:
             finished = self._run_with_deadline(run, run.timeout)
         elif run.handler is not None and run.handler.transaction:

@@ -156,6 +156,15 @@ async def test_keys_are_written_and_claimed_within_their_limit(aconn: AsyncExecu
 
 
 @pytest.mark.asyncio
+async def test_a_fair_claim_shares_the_keys_and_carries_them(aconn: AsyncExecutor) -> None:
+    await aq.enqueue_many(aconn, [NewJob("tenant", key="flood") for _ in range(20)])
+    await aq.enqueue_many(aconn, [NewJob("tenant", key=k) for k in ("a", "b", None)])
+    claimed = await aq.claim_fair(aconn, worker_id=uuid.uuid4(), limit=5, weights={"flood": 2})
+    # Shares flood (weight 2), a, b and the keyless one: 2 + 1 + 1 + 1.
+    assert sorted(job.key or "-" for job in claimed) == ["-", "a", "b", "flood", "flood"]
+
+
+@pytest.mark.asyncio
 async def test_enqueue_many_takes_a_job_batch(aconn: AsyncExecutor) -> None:
     batch = NewJob("jb", queue="q").with_payloads([{"i": i} for i in range(4)])
     results = await aq.enqueue_many(aconn, batch)

@@ -350,7 +350,7 @@ def test_the_fast_builders_make_what_the_classes_own_init_makes() -> None:
     token, worker = uuid.uuid4(), uuid.uuid4()
     lease = Lease(7, worker, token, 2, now)
     assert claiming._new_lease(7, worker, token, 2, now) == lease
-    values = (7, "q", "k", {"a": 1}, 3, 2, 5, now, lease, now, {"h": 1}, timedelta(seconds=4))
+    values = (7, "q", "k", {"a": 1}, 3, 2, 5, now, lease, now, {"h": 1}, timedelta(seconds=4), "t")
     built = claiming._new_claimed_job(*values)
     assert built == sqlaq.ClaimedJob(*values)
     assert [getattr(built, f.name) for f in dataclasses.fields(built)] == list(values)

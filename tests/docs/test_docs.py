@@ -686,6 +686,40 @@ def tenants_give_up_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
     assert [job.id for job in claim().jobs] == [second]
 
 
+@prelude("tenants-fair")
+def tenants_fair_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` and a ``registry`` whose ``report`` handler does nothing; after the
+    sample (a burst worker, fair on the default queue), every job is done and the small
+    keys' jobs all started before the flood's last hundred."""
+    registry = sqlaq.Registry()
+    registry.add("report", lambda payload: None)
+    yield {"sqlaq": sqlaq, "engine": committed, "registry": registry}
+
+    with committed.connect() as conn:
+        rows = conn.execute(
+            text("SELECT key, status, attempted_at FROM sqlaq_jobs ORDER BY attempted_at, id")
+        ).all()
+    assert {row.status for row in rows} == {"done"}
+    assert len(rows) == 2040
+    last_small = max(i for i, row in enumerate(rows) if row.key != "tenant-42")
+    assert last_small < len(rows) - 100, last_small
+
+
+@prelude("tenants-key")
+def tenants_key_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """A recording ``billing``; after the sample, a job of its kind with key tenant-42,
+    run by a burst worker, charges tenant-42."""
+    charged: list[tuple[str, int]] = []
+    billing = SimpleNamespace(charge=lambda tenant, amount: charged.append((tenant, amount)))
+    namespace = _jobs_module(engine=committed, billing=billing)
+    yield namespace
+
+    with committed.begin() as conn:
+        namespace["registry"].enqueue(conn, "bill_tenant", {"amount": 5}, key="tenant-42")
+    sqlaq.Worker(committed, namespace["registry"], burst=True).run()
+    assert charged == [("tenant-42", 5)]
+
+
 class Recorder:
     """Records the arguments of every call of any of its methods, by method name."""
 
@@ -803,6 +837,46 @@ def results_prelude(
     with committed.connect() as conn:
         stored = conn.execute(text("SELECT status, result FROM sqlaq_jobs")).one()
     assert tuple(stored) == ("done", {"url": "https://reports.example/7.pdf", "pages": 12})
+
+
+@prelude("process-handler")
+def process_handler_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
+    """A module's namespace; then the sample's handler is registered for the process
+    executor, and runs (``drain`` runs it in this process: the worker test runs it in a
+    child, tests/worker/test_processes.py)."""
+    namespace: dict[str, Any] = {"__name__": "myapp.jobs"}
+    yield namespace
+    registry: sqlaq.Registry = namespace["registry"]
+    handler = registry.get("count_primes")
+    assert handler is not None
+    assert (handler.executor, handler.timeout) == ("process", timedelta(minutes=5))
+    job_id = sqlaq.enqueue(clean_conn, "count_primes", {"below": 100}).job_id
+    (result,) = drain(clean_conn, registry)
+    assert (result.id, result.status) == (job_id, "done")
+    stored = text("SELECT result FROM sqlaq_jobs WHERE id = :id")
+    assert clean_conn.execute(stored, {"id": job_id}).scalar_one() == 25
+
+
+@prelude("process-worker")
+def process_worker_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database, ``registry`` the handlers of the process
+    executor's tests (tests/process_app.py: a child imports them by name) and a job of
+    its CPU-bound kind; then that job is done, by another process."""
+    import process_app
+
+    with committed.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "cpu", {"ms": 1}).job_id
+    namespace: dict[str, Any] = {"engine": committed, "registry": process_app.registry}
+    namespace.update(_jobs_module(**namespace))
+    yield namespace
+    assert namespace["worker"].config.max_memory_per_child == 512
+    with committed.connect() as conn:
+        row = conn.execute(
+            text("SELECT status, result FROM sqlaq_jobs WHERE id = :id"), {"id": job_id}
+        ).one()
+    assert row.status == "done"
+    assert isinstance(row.result, int)
+    assert row.result != os.getpid()
 
 
 @prelude("transactional")

@@ -71,7 +71,18 @@ from sqlaq.cli import (
 )
 from sqlaq.config import WORKER_OPTIONS, WorkerConfig
 from sqlaq.errors import ConfigError
-from sqlaq.option import AutoInteger, Boolean, Choice, Condition, Duration, Integer, Names, Text
+from sqlaq.option import (
+    MAX_WEIGHT,
+    AutoInteger,
+    Boolean,
+    Choice,
+    Condition,
+    Duration,
+    Integer,
+    Names,
+    Text,
+    Weights,
+)
 from sqlaq.worker import WORKER_APPLICATION_NAME
 
 # Each test that starts processes or threads sets its own, tighter bound.
@@ -625,6 +636,8 @@ DOMAINS = [
     AutoInteger(0, 10_000),
     Boolean(),
     Names(),
+    Names(empty=True),
+    Weights(),
     Choice(("debug", "info")),
     Text(),
     Condition(),
@@ -651,7 +664,13 @@ def _in_domain(domain: Any, value: Any) -> bool:
     if isinstance(domain, AutoInteger):  # None: 'auto'
         return value is None or (isinstance(value, int) and domain.low <= value <= domain.high)
     if isinstance(domain, Names):
-        return bool(value) and all(isinstance(n, str) and n.strip() for n in value)
+        return (bool(value) or domain.empty) and all(
+            isinstance(n, str) and n.strip() for n in value
+        )
+    if isinstance(domain, Weights):
+        return isinstance(value, tuple) and all(
+            isinstance(k, str) and k.strip() and 1 <= w <= MAX_WEIGHT for k, w in value
+        )
     if isinstance(domain, Choice):
         return value in domain.choices
     if isinstance(domain, Condition):  # None: no condition; text is never blank

@@ -724,6 +724,29 @@ def test_workers_page_shows_concurrency_and_rates_in_use(
     assert "pass it to <code>sqlaq.dashboard.app(engine, registry=...)</code>" in bare
 
 
+def test_workers_page_lists_the_busiest_keys(committed: Engine) -> None:
+    with committed.begin() as conn:
+        sqlaq.enqueue_many(conn, [sqlaq.NewJob("k", key="acme") for _ in range(30)])
+        sqlaq.enqueue_many(conn, [sqlaq.NewJob("k", key="<b>globex</b>") for _ in range(2)])
+        sqlaq.enqueue(conn, "k", key="initech")
+        sqlaq.enqueue(conn, "k")
+    with committed.begin() as conn:
+        claimed = sqlaq.claim(conn, worker_id=uuid.uuid4(), where=sqlaq.jobs.c.key == "initech")
+        assert len(claimed) == 1
+    with TestClient(dashboard_app(committed), base_url=LOCAL) as client:
+        html = client.get("/workers").text
+    table = html.split('id="keys"')[1].split("</table>")[0]
+    rows = re.findall(
+        r'<tr><td>([^<]*)</td><td class="num">(\d+)</td><td class="num">(\d+)</td>', table
+    )
+    # Most running first, then most queued; a key is text, escaped.
+    assert rows == [
+        ("initech", "1", "0"),
+        ("acme", "0", "30"),
+        ("&lt;b&gt;globex&lt;/b&gt;", "0", "2"),
+    ]
+
+
 def test_schedules_page_shows_last_slot_and_next_with_a_registry(committed: Engine) -> None:
     registry = sqlaq.Registry()
     registry.add("report", lambda payload: None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import socket
 import urllib.request
+import uuid
 from typing import Any
 
 import pytest
@@ -58,6 +59,30 @@ def test_worker_metrics_count_starts_outcomes_durations_and_queue_depth(
     # The worker served only "default"; the depth is read from the table at scrape time.
     assert 'sqlaq_queue_depth{queue="default"} 1.0' in text
     assert 'sqlaq_queue_depth{queue="elsewhere"} 2.0' in text
+
+
+def test_worker_metrics_export_the_busiest_keys_only(committed: Engine) -> None:
+    from sqlaq.queries import BUSIEST_KEYS
+
+    with committed.begin() as conn:
+        sqlaq.enqueue_many(conn, [sqlaq.NewJob("k", key="acme") for _ in range(50)])
+        for n in range(BUSIEST_KEYS + 5):  # more keys than are exported, 2 jobs each
+            sqlaq.enqueue_many(conn, [sqlaq.NewJob("k", key=f"t{n:02d}") for _ in range(2)])
+        sqlaq.enqueue(conn, "k", key="busy")
+        sqlaq.enqueue(conn, "k")  # no key: in no key's series
+    with committed.begin() as conn:
+        jobs = sqlaq.claim(conn, worker_id=uuid.uuid4(), limit=200)
+        busy = [job for job in jobs if job.key == "busy"]
+        for job in jobs:
+            if job.key != "busy":
+                sqlaq.handback(conn, [job.lease])
+    assert len(busy) == 1
+    text = generate_latest(WorkerMetrics(committed).registry).decode()
+    assert 'sqlaq_key_running{key="busy"} 1.0' in text
+    assert 'sqlaq_key_queued{key="busy"} 0.0' in text
+    assert 'sqlaq_key_queued{key="acme"} 50.0' in text
+    assert text.count("sqlaq_key_queued{") == BUSIEST_KEYS
+    assert text.count("sqlaq_key_running{") == BUSIEST_KEYS
 
 
 def _free_port() -> int:

@@ -116,6 +116,7 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_type", "sqlaq_job_deps"),
         ("pg_type", "_sqlaq_job_deps"),
         ("pg_class", "sqlaq_jobs_key_idx"),
+        ("pg_class", "sqlaq_jobs_fair_idx"),
     }
 )
 # NOT NULL constraints are left out (contype 'n'): PostgreSQL 18 lists them in
@@ -172,6 +173,11 @@ EXPECTED_INDEXES = {
         "CREATE INDEX sqlaq_jobs_key_idx ON public.sqlaq_jobs USING btree (kind, key, id) "
         "WHERE ((key IS NOT NULL) AND (status = ANY (ARRAY['queued'::text, 'running'::text, "
         "'failed'::text])))"
+    ),
+    "sqlaq_jobs_fair_idx": (
+        "CREATE INDEX sqlaq_jobs_fair_idx ON public.sqlaq_jobs USING btree (queue, "
+        "COALESCE(key, ''::text), priority DESC, run_at, id) "
+        "WHERE (status = ANY (ARRAY['queued'::text, 'running'::text]))"
     ),
     "sqlaq_jobs_pkey": "CREATE UNIQUE INDEX sqlaq_jobs_pkey ON public.sqlaq_jobs USING btree (id)",
 }
@@ -605,7 +611,7 @@ def test_operators_revision_rewrites_nothing_and_walks_back_to_0003(fresh_url: s
         assert (
             _objects(conn)
             == before | OPERATOR_OBJECTS
-            == (SQLAQ_OBJECTS - DEBOUNCE_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS)
+            == (SQLAQ_OBJECTS - DEBOUNCE_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS - FAIR_OBJECTS)
         )
         assert _columns(conn) == [*columns_before, "headers"]
         headers = conn.execute(text("SELECT DISTINCT headers FROM sqlaq_jobs")).all()
@@ -654,7 +660,7 @@ def test_debounce_revision_rewrites_nothing_and_walks_back_to_0004(fresh_url: st
         assert (
             _objects(conn)
             == before | DEBOUNCE_OBJECTS
-            == SQLAQ_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS
+            == SQLAQ_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS - FAIR_OBJECTS
         )
         assert _columns(conn) == [*columns_before, "debounce_key", "timeout"]
         added = conn.execute(text("SELECT DISTINCT debounce_key, timeout FROM sqlaq_jobs")).all()
@@ -1083,7 +1089,11 @@ def test_workflow_revision_rewrites_nothing_and_walks_back_to_0005(fresh_url: st
         sqlaq.migrations.upgrade(conn, "sqlaq_0006")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0006"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | WORKFLOW_OBJECTS == SQLAQ_OBJECTS - KEY_OBJECTS
+        assert (
+            _objects(conn)
+            == before | WORKFLOW_OBJECTS
+            == SQLAQ_OBJECTS - KEY_OBJECTS - FAIR_OBJECTS
+        )
         assert _columns(conn) == [
             *columns_before,
             "has_dependents",
@@ -1207,10 +1217,10 @@ def test_keys_revision_rewrites_nothing_and_walks_back_to_0006(fresh_url: str) -
         file_before = conn.execute(relfilenode).scalar_one()
         conn.commit()
 
-        sqlaq.migrations.upgrade(conn)
-        assert sqlaq.migrations.check(conn, deep=True) == "sqlaq_0007"
+        sqlaq.migrations.upgrade(conn, "sqlaq_0007")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0007"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | KEY_OBJECTS == SQLAQ_OBJECTS
+        assert _objects(conn) == before | KEY_OBJECTS == SQLAQ_OBJECTS - FAIR_OBJECTS
         assert _columns(conn) == [*columns_before, "key"]
         keys = conn.execute(text("SELECT DISTINCT key FROM sqlaq_jobs")).scalars().all()
         assert keys == [None]
@@ -1220,5 +1230,39 @@ def test_keys_revision_rewrites_nothing_and_walks_back_to_0006(fresh_url: str) -
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0006"
         assert _objects(conn) == before
         assert _columns(conn) == columns_before
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
+        conn.commit()
+
+
+#: What sqlaq_0009 adds to sqlaq_0007's objects: the fair index.
+FAIR_OBJECTS = frozenset({("pg_class", "sqlaq_jobs_fair_idx")})
+
+
+def test_fair_revision_rewrites_nothing_and_walks_back_to_0007(fresh_url: str) -> None:
+    """sqlaq_0009 on a table with rows keeps its file, adds the fair index only (a
+    partial index over the pending rows), and a downgrade to sqlaq_0007 removes exactly
+    what it added."""
+    relfilenode = text("SELECT relfilenode FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
+    with _connect(fresh_url) as conn:
+        sqlaq.migrations.upgrade(conn, "sqlaq_0007")
+        conn.execute(
+            text("INSERT INTO sqlaq_jobs (kind, key) SELECT 'k', 't' FROM generate_series(1, 100)")
+        )
+        conn.commit()
+        before = _objects(conn)
+        columns_before = _columns(conn)
+        file_before = conn.execute(relfilenode).scalar_one()
+        conn.commit()
+
+        sqlaq.migrations.upgrade(conn)
+        assert sqlaq.migrations.check(conn, deep=True) == "sqlaq_0009"
+        assert conn.execute(relfilenode).scalar_one() == file_before
+        assert _objects(conn) == before | FAIR_OBJECTS == SQLAQ_OBJECTS
+        assert _columns(conn) == columns_before
+        conn.commit()
+
+        sqlaq.migrations.downgrade(conn, "sqlaq_0007")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0007"
+        assert _objects(conn) == before
         assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
         conn.commit()

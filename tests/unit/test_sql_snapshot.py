@@ -126,6 +126,19 @@ CALLS: dict[str, list[Any]] = {
     ],
     "lock_kind_stmt": [{"kind": "k"}],
     "key_running_stmt": [{"kind": "k"}],
+    "busiest_keys_stmt": [{}, {"limit": 5}],
+    "fair_claim_params": [
+        {"queue": "q", "worker_id": WORKER, "limit": 5, "lease": SECONDS},
+        {
+            "queue": "q",
+            "worker_id": WORKER,
+            "limit": 5,
+            "lease": SECONDS,
+            "exclude_kinds": {"b"},
+            "weights": {"vip": 3, "a": 1},
+        },
+    ],
+    "fair_claim_stmt": [{}, {"exclude_kinds": True}],
     "keyed_candidates_params": [
         {"queue": "q", "kind": "k", "limit": 5, "full_keys": ["a"], "picked": [1, 2]}
     ],
