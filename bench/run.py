@@ -6,7 +6,10 @@ Creates a database of its own on the local server (or on the server of
 SQLAQ_BENCH_SERVER_URL), migrates it, runs every scenario --rounds times interleaved
 (A B C, A B C, ...), prints a table of median, min and max and the targets met, writes
 the raw figures as JSON, and drops the database (on failure too, after killing any
-worker process it started). Needs nothing beyond sqlaq's own dependencies.
+worker process it started). With SQLAQ_BENCH_DATABASE_URL it runs in that existing
+database instead, neither created nor dropped: migrated if need be and, on a Citus
+coordinator, converted by ``sqlaq citus-distribute`` (its jobs are deleted).
+Needs nothing beyond sqlaq's own dependencies.
 
 Scenarios (bench/RESULTS.md explains each figure):
 
@@ -15,6 +18,9 @@ Scenarios (bench/RESULTS.md explains each figure):
 3. ``drain``           20,000 no-op jobs drained by ``sqlaq-worker --burst`` at its
                        defaults, at its defaults with ``--log-level warning``, and at the
                        best settings found; every job checked done, every handler run once.
+   ``drain_queues``    the same 20,000 jobs over 8 queues, one worker serving the 8 at
+                       ``--concurrency 200``: on Citus the queues spread over the nodes.
+                       Not in the default run; name it with ``--only``.
 4. ``drain_sleep``     20,000 jobs whose handler sleeps 10 ms, ``--concurrency 100``,
                        without and with ``--prefetch 200``, and with the default
                        ``--prefetch auto``;
@@ -345,6 +351,25 @@ def drain(b: Bench) -> None:
             run = wait(300)
         b.record(f"3. drain no-op, {label} (jobs/s)", drained(b, "noop", run))
         b.record(f"8. worker peak RSS, drain no-op, {label} (MiB)", run.max_rss_mib)
+
+
+def drain_queues(b: Bench, queues: int = 8) -> None:
+    """3. drain 20,000 no-op jobs over *queues* queues, one worker serving them all."""
+    names = [f"bench{i}" for i in range(queues)]
+    b.reset()
+    with b.engine.begin() as conn:
+        sqlaq.enqueue_copy(
+            conn, [NewJob("noop", {"n": n}, queue=names[n % queues]) for n in range(DRAIN_JOBS)]
+        )
+    with b.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text("VACUUM ANALYZE sqlaq_jobs")
+        )
+    args = ["--queue", ",".join(names), "--concurrency", str(BEST_CONCURRENCY), *QUIET]
+    with worker(b, "--burst", *args) as wait:
+        run = wait(300)
+    label = f"{queues} queues, --concurrency {BEST_CONCURRENCY} --log-level warning"
+    b.record(f"3. drain no-op, {label} (jobs/s)", drained(b, "noop", run))
 
 
 def drain_transactional(b: Bench) -> None:
@@ -697,6 +722,7 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "enqueue_single": enqueue_single,
     "enqueue_bulk": enqueue_bulk,
     "drain": drain,
+    "drain_queues": drain_queues,
     "drain_transactional": drain_transactional,
     "raw_baseline": raw_baseline,
     "drain_sleep": drain_sleep,
@@ -711,6 +737,8 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
 #: Run only when named (--only): see bench/scale.py.
 SCALE_SCENARIOS = scale_scenario.scenarios(worker)
 SCENARIOS |= SCALE_SCENARIOS
+#: Run only when named with ``--only``.
+OPT_IN = {*SCALE_SCENARIOS, "drain_queues"}
 
 
 # --- targets -------------------------------------------------------------------------
@@ -793,11 +821,35 @@ def create_database(server_url: str) -> tuple[str, Engine]:
     return url, engine
 
 
+def existing_database(url: str) -> Engine:
+    """SQLAQ_BENCH_DATABASE_URL's database, migrated if need be and, on a Citus
+    coordinator, distributed (``sqlaq citus-distribute``); its jobs deleted."""
+    import sqlaq.citus
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        sqlaq.migrations.upgrade(conn)
+    with engine.begin() as conn:
+        if not sqlaq.citus.problems(conn):
+            sqlaq.citus.distribute(conn)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE sqlaq_jobs"))
+    return engine
+
+
 def drop_database(server_url: str, url: str) -> None:
     admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
     admin.dispose()
+
+
+def _citus_version(engine: Engine) -> str | None:
+    """Citus's version in *engine*'s database, None without it."""
+    from sqlaq.queries.citus import citus_version_stmt
+
+    with engine.connect() as conn:
+        return conn.execute(citus_version_stmt()).scalar()
 
 
 def table(figures: dict[str, list[float]]) -> str:
@@ -848,10 +900,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=Path("bench/results.json"))
     args = parser.parse_args(argv)
     server = os.environ.get("SQLAQ_BENCH_SERVER_URL", DEFAULT_SERVER)
-    info = machine_info(server, argv)
-    url, engine = create_database(server)
+    existing = os.environ.get("SQLAQ_BENCH_DATABASE_URL")
+    info = machine_info(existing or server, argv)
+    if existing:
+        url, engine = existing, existing_database(existing)
+        info["citus"] = _citus_version(engine)
+    else:
+        url, engine = create_database(server)
     bench = Bench(url, engine)
-    chosen = args.only or [name for name in SCENARIOS if name not in SCALE_SCENARIOS]
+    chosen = args.only or [name for name in SCENARIOS if name not in OPT_IN]
     started = time.perf_counter()
     try:
         for round_ in range(args.rounds):
@@ -863,7 +920,8 @@ def main(argv: list[str] | None = None) -> int:
             with suppress(OSError):
                 proc.kill()
         engine.dispose()
-        drop_database(server, url)
+        if not existing:
+            drop_database(server, url)
     info["seconds"] = round(time.perf_counter() - started)
     figures = bench.figures
     add_ratios(figures)

@@ -702,9 +702,7 @@ def _prune(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     total = 0
     with engine.connect() as conn:
         expected = sum(
-            conn.execute(
-                queries.count_prunable_stmt(older_than=ages[status], statuses=[status])
-            ).scalar_one()
+            ops.count_prunable(conn, older_than=ages[status], statuses=[status])
             for status in FINISHED_STATUSES
         )
         conn.rollback()

@@ -91,6 +91,7 @@ __all__ = [
     "claim_limited",
     "complete",
     "complete_with_result",
+    "count_prunable",
     "enqueue",
     "enqueue_copy",
     "enqueue_many",
@@ -263,6 +264,7 @@ cancelled_among = asynchronous(ops.cancelled_among)
 notify_queues = asynchronous(ops.notify_queues)
 sweep = asynchronous(ops.sweep)
 prune = asynchronous(ops.prune)
+count_prunable = asynchronous(ops.count_prunable)
 snooze = asynchronous(ops.snooze)
 handback = asynchronous(ops.handback)
 pause = asynchronous(ops.pause)

@@ -48,7 +48,7 @@ from sqlaq.dsn import connection_params
 from sqlaq.encoding import check_duration, encode_value
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
 from sqlaq.lease import Lease
-from sqlaq.ops._citus import DISTRIBUTED, by_queue
+from sqlaq.ops._citus import DISTRIBUTED, by_queue, tell_waiters
 from sqlaq.queries import citus as citus_queries
 from sqlaq.schema import FINISH_CHANNEL, FINISHED_STATUSES, JobStatus
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
@@ -197,10 +197,12 @@ def complete_with_result(
         )
     params = queries.complete_result_params(lease=lease, result_json=result_json)
     stmt = _COMPLETE_RESULT
-    if (yield DISTRIBUTED):
+    if citus := (yield DISTRIBUTED):
         (queue,) = by_queue([lease], "complete_with_result")
         stmt, params = _CITUS_COMPLETE_RESULT, params | {"b_queue": queue}
-    if (yield stmt, params).first() is not None:
+    if (row := (yield stmt, params).first()) is not None:
+        if citus and row.awaited:
+            yield from tell_waiters([row.id])
         return True
     if raise_on_lost:
         raise LeaseLostError([lease.job_id])

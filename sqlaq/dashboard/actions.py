@@ -97,9 +97,7 @@ def count_prunable(engine: Engine, ages: Mapping[JobStatus, timedelta]) -> dict[
     """How many jobs :func:`prune` would delete now, per status."""
     with engine.connect() as conn:
         return {
-            status: conn.execute(
-                queries.count_prunable_stmt(older_than=age, statuses=[status])
-            ).scalar_one()
+            status: ops.count_prunable(conn, older_than=age, statuses=[status])
             for status, age in ages.items()
         }
 

@@ -14,6 +14,11 @@ from a scratch database at each check: ``tests/db/test_check_deep.py`` compares 
 a freshly migrated head, so they cannot drift from the revisions. A revision that
 changes one of these objects changes this table in the same commit.
 
+On a Citus coordinator where ``sqlaq_jobs`` is distributed (``sqlaq citus-distribute``),
+the expected shape is the converted one (:data:`CITUS_INDEXES`, :data:`CITUS_CONSTRAINTS`,
+no trigger on the job table), and the distribution itself is checked: the job table
+distributed by ``queue``, the paused queues a reference table.
+
 It reads the catalog only (statements from :mod:`sqlaq.queries`) and changes nothing.
 """
 
@@ -27,6 +32,7 @@ from sqlalchemy import Connection
 
 from sqlaq import queries
 from sqlaq.errors import SchemaOutOfDateError
+from sqlaq.queries import citus as citus_queries
 from sqlaq.schema import (
     DEPS_FUNCTION,
     DEPS_TABLE,
@@ -45,6 +51,8 @@ from sqlaq.schema import (
 )
 
 __all__ = [
+    "CITUS_CONSTRAINTS",
+    "CITUS_INDEXES",
     "EXPECTED_CONSTRAINTS",
     "EXPECTED_FUNCTIONS",
     "EXPECTED_INDEXES",
@@ -213,6 +221,29 @@ EXPECTED_FUNCTIONS: Mapping[str, str] = {
     ),
 }
 
+#: Index name -> (table, definition) on a job table distributed by Citus, over
+#: :data:`EXPECTED_INDEXES`: the unique indexes lead with ``queue`` (the distribution
+#: column), as :func:`sqlaq.queries.citus.distribute_ddl` makes them.
+CITUS_INDEXES: Mapping[str, tuple[str, str]] = {
+    "sqlaq_jobs_dedupe_idx": (
+        TABLE_NAME,
+        "CREATE UNIQUE INDEX sqlaq_jobs_dedupe_idx ON sqlaq_jobs USING btree "
+        f"(queue, kind, dedupe_key) WHERE ({_PENDING} AND (dedupe_key IS NOT NULL))",
+    ),
+    "sqlaq_jobs_debounce_idx": (
+        TABLE_NAME,
+        "CREATE UNIQUE INDEX sqlaq_jobs_debounce_idx ON sqlaq_jobs USING btree "
+        "(queue, kind, debounce_key) WHERE ((status = 'queued'::text) AND (attempted_at IS "
+        "NULL) AND (debounce_key IS NOT NULL))",
+    ),
+}
+
+#: Constraint name -> (table, definition) on a job table distributed by Citus, over
+#: :data:`EXPECTED_CONSTRAINTS`: the primary key holds the distribution column.
+CITUS_CONSTRAINTS: Mapping[str, tuple[str, str]] = {
+    "sqlaq_jobs_pkey": (TABLE_NAME, "PRIMARY KEY (id, queue)"),
+}
+
 #: Table -> its storage parameters (none but sqlaq_jobs's autovacuum settings).
 EXPECTED_STORAGE: Mapping[str, Mapping[str, str]] = {
     table: (STORAGE_PARAMETERS if table == TABLE_NAME else {}) for table in EXPECTED_TABLES
@@ -224,8 +255,8 @@ class Difference:
     """One way the live schema differs from what the head revision creates.
 
     Attributes:
-        kind: ``table``, ``index``, ``constraint``, ``trigger``, ``function`` or
-            ``storage``.
+        kind: ``table``, ``index``, ``constraint``, ``trigger``, ``function``,
+            ``storage`` or ``citus`` (the distribution, on a Citus coordinator).
         name: The object (for ``storage``, the table).
         problem: What is wrong: missing, differs (found and expected), invalid,
             disabled, not sqlaq's.
@@ -291,12 +322,56 @@ def differences(connection: Connection) -> list[Difference]:
                     "recreate it with the revisions' DDL ('sqlaq migrate --sql' prints it)",
                 )
             )
+    indexes, constraints, triggers = EXPECTED_INDEXES, EXPECTED_CONSTRAINTS, EXPECTED_TRIGGERS
+    if TABLE_NAME in present and (citus := _citus(connection)) is not None:
+        found += citus
+        indexes = {**EXPECTED_INDEXES, **CITUS_INDEXES}
+        constraints = {**EXPECTED_CONSTRAINTS, **CITUS_CONSTRAINTS}
+        triggers = {}  # Citus refuses triggers on a distributed table
     if present:
-        found += _indexes(connection, present)
-        found += _constraints(connection, present)
-        found += _triggers(connection, present)
+        found += _indexes(connection, present, indexes)
+        found += _constraints(connection, present, constraints)
+        found += _triggers(connection, present, triggers)
     found += _functions(connection)
     found += [d for name in present if (d := _storage(name, tables[name].reloptions))]
+    return found
+
+
+def _citus(connection: Connection) -> list[Difference] | None:
+    """None unless ``sqlaq_jobs`` is a Citus table here; else how its distribution
+    differs from what ``sqlaq citus-distribute`` makes (empty: as made)."""
+    if connection.execute(citus_queries.citus_version_stmt()).first() is None:
+        return None
+    jobs = connection.execute(citus_queries.citus_distribution_stmt()).first()
+    if jobs is None:
+        return None
+    found = []
+    column = citus_queries.DISTRIBUTION_COLUMN
+    if jobs.column != column:
+        found.append(
+            Difference(
+                "citus",
+                TABLE_NAME,
+                f"distributed by {jobs.column or jobs.method!r}, not by {column}",
+                (
+                    f"SELECT alter_distributed_table('{TABLE_NAME}', "
+                    f"distribution_column := '{column}')",
+                ),
+                "moves every row: in a quiet hour, with the workers stopped",
+            )
+        )
+    for name in citus_queries.REFERENCE_TABLES:
+        stmt = citus_queries.citus_distribution_stmt()
+        row = connection.execute(stmt, {"b_table": name}).first()
+        if row is None or row.method != "n":
+            found.append(
+                Difference(
+                    "citus",
+                    name,
+                    "not a reference table (every claim on a worker node reads it)",
+                    (f"SELECT create_reference_table('{name}')",),
+                )
+            )
     return found
 
 
@@ -306,7 +381,9 @@ def _plain(definition: str, schema: str | None) -> str:
     return text.replace(f" {schema}.", " ") if schema else text
 
 
-def _indexes(connection: Connection, tables: Sequence[str]) -> list[Difference]:
+def _indexes(
+    connection: Connection, tables: Sequence[str], expected_indexes: Mapping[str, tuple[str, str]]
+) -> list[Difference]:
     found: list[Difference] = []
     live: dict[str, Any] = {}
     for index in connection.execute(queries.catalog_indexes_stmt(tables=tables)):
@@ -321,7 +398,7 @@ def _indexes(connection: Connection, tables: Sequence[str]) -> list[Difference]:
                     (f"REINDEX INDEX CONCURRENTLY {index.name}",),
                 )
             )
-    for name, (table, expected) in EXPECTED_INDEXES.items():
+    for name, (table, expected) in expected_indexes.items():
         if table not in tables:
             continue
         row = live.get(name)
@@ -345,7 +422,7 @@ def _indexes(connection: Connection, tables: Sequence[str]) -> list[Difference]:
                 )
             )
     for name, row in live.items():
-        if name not in EXPECTED_INDEXES and not row.constraint:
+        if name not in expected_indexes and not row.constraint:
             found.append(
                 Difference(
                     "index",
@@ -359,12 +436,16 @@ def _indexes(connection: Connection, tables: Sequence[str]) -> list[Difference]:
     return found
 
 
-def _constraints(connection: Connection, tables: Sequence[str]) -> list[Difference]:
+def _constraints(
+    connection: Connection,
+    tables: Sequence[str],
+    expected_constraints: Mapping[str, tuple[str, str]],
+) -> list[Difference]:
     found: list[Difference] = []
     live = {
         row.name: row for row in connection.execute(queries.catalog_constraints_stmt(tables=tables))
     }
-    for name, (table, expected) in EXPECTED_CONSTRAINTS.items():
+    for name, (table, expected) in expected_constraints.items():
         if table not in tables:
             continue
         constraint = f"ADD CONSTRAINT {name} {expected}"
@@ -382,7 +463,7 @@ def _constraints(connection: Connection, tables: Sequence[str]) -> list[Differen
                 )
             )
     for name, row in live.items():
-        if name not in EXPECTED_CONSTRAINTS:
+        if name not in expected_constraints:
             found.append(
                 Difference(
                     "constraint",
@@ -395,12 +476,14 @@ def _constraints(connection: Connection, tables: Sequence[str]) -> list[Differen
     return found
 
 
-def _triggers(connection: Connection, tables: Sequence[str]) -> list[Difference]:
+def _triggers(
+    connection: Connection, tables: Sequence[str], expected_triggers: Mapping[str, tuple[str, str]]
+) -> list[Difference]:
     found: list[Difference] = []
     live = {
         row.name: row for row in connection.execute(queries.catalog_triggers_stmt(tables=tables))
     }
-    for name, (table, expected) in EXPECTED_TRIGGERS.items():
+    for name, (table, expected) in expected_triggers.items():
         if table not in tables:
             continue
         row = live.get(name)
@@ -428,7 +511,7 @@ def _triggers(connection: Connection, tables: Sequence[str]) -> list[Difference]
                 )
             )
     for name, row in live.items():
-        if name not in EXPECTED_TRIGGERS:
+        if name not in expected_triggers:
             found.append(
                 Difference(
                     "trigger",

@@ -8,7 +8,7 @@ Every operation on a job, in lifecycle order, each written once as a plan (see
 * :mod:`~sqlaq.ops.settling`: :func:`extend_lease`, :func:`complete`, :func:`fail`,
   :func:`snooze`, :func:`handback`;
 * :mod:`~sqlaq.ops.retention`: :func:`retry`, :func:`cancel`, :func:`cancelled_among`,
-  :func:`sweep`, :func:`prune`;
+  :func:`sweep`, :func:`prune` (:func:`count_prunable`);
 * :mod:`~sqlaq.ops.operators`: :func:`pause`, :func:`resume`, :func:`paused_queues`,
   :func:`list_workers`, :func:`notify_queues`;
 * :mod:`~sqlaq.ops.workflows`: :func:`chain`, :func:`group`, :func:`chord`,
@@ -42,7 +42,7 @@ from sqlaq.ops._common import DEFAULT_LEASE, DEFAULT_PRUNE_BATCH
 from sqlaq.ops.claiming import claim, claim_fair, claim_limited
 from sqlaq.ops.enqueuing import enqueue, enqueue_copy, enqueue_many
 from sqlaq.ops.operators import list_workers, notify_queues, pause, paused_queues, resume
-from sqlaq.ops.retention import cancel, cancelled_among, prune, retry, sweep
+from sqlaq.ops.retention import cancel, cancelled_among, count_prunable, prune, retry, sweep
 from sqlaq.ops.settling import MAX_ERROR_LENGTH, complete, extend_lease, fail, handback, snooze
 from sqlaq.ops.workflows import (
     batch,
@@ -98,6 +98,7 @@ __all__ = [
     "claim_fair",
     "claim_limited",
     "complete",
+    "count_prunable",
     "enqueue",
     "enqueue_copy",
     "enqueue_many",

@@ -5,7 +5,7 @@ once per engine), and the refusal of what does not run on it yet. Private to
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from weakref import WeakKeyDictionary
 
 from sqlaq.drive import PerEngine, Plan
@@ -50,3 +50,11 @@ def by_queue(leases: Iterable[Lease], operation: str) -> dict[str, list[Lease]]:
             )
         groups.setdefault(lease.queue, []).append(lease)
     return groups
+
+
+def tell_waiters(job_ids: Collection[int]) -> Plan[None]:
+    """Send ``sqlaq_finished`` for *job_ids* (finished jobs someone waits for) from the
+    coordinator: on Citus the finish trigger is gone, so the operation that finishes an
+    awaited job tells :func:`sqlaq.wait` itself (on commit, as the trigger would)."""
+    if job_ids:
+        (yield citus_queries.citus_notify_finished_stmt(job_ids=sorted(job_ids)), None).all()

@@ -367,12 +367,6 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
     if not batch:
         return []
     if (yield DISTRIBUTED):
-        if any(job.dedupe_key is not None for job in batch):
-            raise ConfigError(
-                "enqueue_many with dedupe keys is not supported on Citus (sqlaq_jobs is "
-                "distributed): keys are unique per queue there, and a batch's duplicates are "
-                "resolved across queues; enqueue those jobs one by one"
-            )
         done = yield from _enqueue_many(batch, per_queue=True)
         yield from _citus_wake(batch)
         return done
@@ -380,7 +374,8 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
 
 
 def _enqueue_many(batch: list[NewJob], *, per_queue: bool = False) -> Plan[list[EnqueueResult]]:
-    """enqueue_many's insert of checked, non-empty *batch* (*per_queue*: on Citus)."""
+    """enqueue_many's insert of checked, non-empty *batch* (*per_queue*: on Citus, where
+    a dedupe key is held per queue: duplicates are matched by queue, kind and key)."""
     shape = _SHAPE(batch[0])
     if shape[_SHAPE_DEDUPE_KEY] is None and all(map(shape.__eq__, map(_SHAPE, batch))):
         # The common batch: jobs that differ only in their payload, none with a dedupe
@@ -395,20 +390,28 @@ def _enqueue_many(batch: list[NewJob], *, per_queue: bool = False) -> Plan[list[
     inserted = iter(rows)
     results: list[EnqueueResult | None] = []
     next_row = next(inserted, None)
+
+    def held(job: NewJob) -> tuple[str | None, ...]:
+        return (job.kind, job.dedupe_key, job.queue) if per_queue else (job.kind, job.dedupe_key)
+
     for job in batch:
-        if next_row is not None and (next_row[1], next_row[2]) == (job.kind, job.dedupe_key):
+        if next_row is not None and tuple(next_row[1:]) == held(job):
             results.append(EnqueueResult(next_row[0]))
             next_row = next(inserted, None)
         else:
             results.append(None)  # skipped as a duplicate; resolved below
-    missing = {(j.kind, j.dedupe_key) for j, r in zip(batch, results, strict=True) if r is None}
+    missing = {held(j) for j, r in zip(batch, results, strict=True) if r is None}
     if missing:
-        kinds, keys = zip(*missing, strict=True)
-        found = yield queries.find_pending_duplicates_stmt(kinds=kinds, dedupe_keys=keys), None
-        twins = {(row[1], row[2]): row[0] for row in found.all()}
+        columns = list(zip(*missing, strict=True))
+        stmt = queries.find_pending_duplicates_stmt(
+            kinds=columns[0],
+            dedupe_keys=columns[1],
+            queues=columns[2] if per_queue else None,
+        )
+        twins = {tuple(row[1:]): row[0] for row in (yield stmt, None).all()}
         for index, (job, result) in enumerate(zip(batch, results, strict=True)):
             if result is None:
-                results[index] = EnqueueResult(twins[(job.kind, job.dedupe_key)], duplicate=True)
+                results[index] = EnqueueResult(twins[held(job)], duplicate=True)
     return results  # type: ignore[return-value]
 
 

@@ -15,7 +15,7 @@ from sqlaq.encoding import (
     check_duration,
 )
 from sqlaq.errors import ConfigError, shown
-from sqlaq.ops._citus import DISTRIBUTED
+from sqlaq.ops._citus import DISTRIBUTED, tell_waiters
 from sqlaq.ops._common import DEFAULT_PRUNE_BATCH, _check_positive, _ids
 from sqlaq.queries import citus as citus_queries
 from sqlaq.records import PruneResult, RetryResult, SkippedRetry
@@ -154,14 +154,18 @@ def _citus_cancel(ids: list[int]) -> Plan[list[int]]:
         by_queue.setdefault(queue, []).append(job_id)
     cancelled: list[int] = []
     running: list[str] = []
+    awaited: list[int] = []
     for queue, queued_ids in by_queue.items():
         rows = yield _CITUS_CANCEL, {"b_queue": queue, "b_ids": queued_ids}
-        for job_id, was in rows.all():
+        for job_id, was, waited_for in rows.all():
             cancelled.append(job_id)
             if was == JobStatus.RUNNING:
                 running.append(str(job_id))
+            if waited_for:
+                awaited.append(job_id)
     if running:
         (yield _CITUS_NOTIFY_CANCEL, {"b_ids": running}).all()
+    yield from tell_waiters(awaited)
     return sorted(cancelled)
 
 
@@ -191,20 +195,22 @@ def sweep(*, limit: int = DEFAULT_PRUNE_BATCH) -> Plan[int]:
     _check_positive("limit", limit)
     if (yield DISTRIBUTED):
         found = yield citus_queries.citus_expired_stmt(), {"b_limit": limit}
-        return (yield from _per_queue(found.all(), _CITUS_SWEEP, {}))
+        swept = yield from _per_queue(found.all(), _CITUS_SWEEP, {})
+        yield from tell_waiters([r.id for r in swept if r.awaited and r.status == "failed"])
+        return len(swept)
     return len((yield queries.sweep_stmt(limit=limit), None).all())
 
 
-def _per_queue(found: Any, stmt: Any, params: dict[str, Any]) -> Plan[int]:
+def _per_queue(found: Any, stmt: Any, params: dict[str, Any]) -> Plan[list[Any]]:
     """Run *stmt* (bound by ``b_queue`` and ``b_ids``) for the ``(id, queue)`` rows
-    *found*, one queue at a time (a router statement each, on Citus); rows changed."""
+    *found*, one queue at a time (a router statement each, on Citus); the rows it
+    returned."""
     by_queue: dict[str, list[int]] = {}
     for job_id, queue in found:
         by_queue.setdefault(queue, []).append(job_id)
-    changed = 0
+    changed: list[Any] = []
     for queue, ids in by_queue.items():
-        rows = yield stmt, params | {"b_queue": queue, "b_ids": ids}
-        changed += len(rows.all())
+        changed += (yield stmt, params | {"b_queue": queue, "b_ids": ids}).all()
     return changed
 
 
@@ -222,6 +228,39 @@ _CITUS_PRUNE = citus_queries.citus_prune_stmt()
 # A reference committed after a prune's snapshot can still fail its foreign-key check
 # (which looks at the latest rows); the batch is then tried again, this many times.
 _PRUNE_ROUNDS = 3
+
+
+@operation
+def count_prunable(*, older_than: timedelta, statuses: Iterable[JobStatus | str]) -> Plan[int]:
+    """How many finished jobs of *statuses* :func:`prune` would delete now (those that
+    finished more than *older_than* ago): for a progress bar or a confirmation.
+
+    Raises:
+        ConfigError: a status is not a finished one.
+        InvalidJobError: *older_than* is not a timedelta from zero to 100 years.
+    """
+    check_duration("older_than", older_than)
+    wanted = _finished(statuses)
+    citus = yield DISTRIBUTED
+    stmt = queries.count_prunable_stmt(older_than=older_than, statuses=wanted, workflows=not citus)
+    return int((yield stmt, None).scalar_one())
+
+
+def _finished(statuses: Iterable[JobStatus | str]) -> set[JobStatus]:
+    """*statuses* as finished statuses; a ConfigError naming one that is not."""
+    wanted = set()
+    for status in statuses:
+        try:
+            value = JobStatus(status)
+        except ValueError:
+            value = None
+        if value not in FINISHED_STATUSES:
+            raise ConfigError(
+                f"prune deletes finished jobs only; status {shown(status)} is not one of "
+                "'done', 'failed', 'cancelled'"
+            )
+        wanted.add(value)
+    return wanted
 
 
 @operation
@@ -253,24 +292,13 @@ def prune(
         InvalidJobError: *older_than* is not a timedelta from zero to 100 years.
     """
     check_duration("older_than", older_than)
-    wanted = set()
-    for status in statuses:
-        try:
-            value = JobStatus(status)
-        except ValueError:
-            value = None
-        if value not in FINISHED_STATUSES:
-            raise ConfigError(
-                f"prune deletes finished jobs only; status {shown(status)} is not one of "
-                "'done', 'failed', 'cancelled'"
-            )
-        wanted.add(value)
+    wanted = _finished(statuses)
     _check_positive("limit", limit)
     if (yield DISTRIBUTED):
         # No host foreign key references a distributed table: nothing to spare.
         which = {"b_older_than": older_than, "b_statuses": sorted(wanted)}
         found = yield citus_queries.citus_prunable_stmt(), which | {"b_limit": limit}
-        return PruneResult((yield from _per_queue(found.all(), _CITUS_PRUNE, which)))
+        return PruneResult(len((yield from _per_queue(found.all(), _CITUS_PRUNE, which))))
     keys = yield queries.blocking_references_stmt(), None
     spare = [queries.Reference(*row) for row in keys]
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit, spare=spare)

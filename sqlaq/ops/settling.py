@@ -17,7 +17,7 @@ from sqlaq.encoding import (
 )
 from sqlaq.errors import ConfigError
 from sqlaq.lease import Lease
-from sqlaq.ops._citus import DISTRIBUTED, by_queue
+from sqlaq.ops._citus import DISTRIBUTED, by_queue, tell_waiters
 from sqlaq.ops._common import _NIL_LEASE, DEFAULT_LEASE, _as_leases, _check_lost
 from sqlaq.queries import citus as citus_queries
 from sqlaq.schema import (
@@ -120,7 +120,9 @@ def complete(leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True) -> 
         LeaseLostError: a lease was lost and *raise_on_lost* is true; the other jobs of
             the call were marked done all the same.
     """
-    return (yield from _fenced(_COMPLETE, leases, raise_on_lost, citus=_CITUS_COMPLETE))
+    return (
+        yield from _fenced(_COMPLETE, leases, raise_on_lost, citus=_CITUS_COMPLETE, finishes=True)
+    )
 
 
 def _fenced(
@@ -131,24 +133,31 @@ def _fenced(
     *,
     citus: Any,
     notify: bool = False,
+    finishes: bool = False,
 ) -> Plan[list[int]]:
     """Run a fenced statement that returns the ids it changed, over *leases*; on Citus,
-    *citus* (its router shape) once per queue, and with *notify* a wake-up of the queues
-    whose jobs it changed (a statement of its own, on the coordinator)."""
+    *citus* (its router shape) once per queue, with *notify* a wake-up of the queues
+    whose jobs it changed (a statement of its own, on the coordinator), and with
+    *finishes* (*citus* returns ``id, awaited``) the waiters of the awaited ones told."""
     held = _as_leases(leases)
     if not held:
         return []
     if (yield DISTRIBUTED):
         changed: set[int] = set()
         woken = []
+        awaited: list[int] = []
         for queue, group in by_queue(held, "a fenced update").items():
             values = queries.fence_params(group) | dict(params or {}) | {"b_queue": queue}
-            ids = {row[0] for row in (yield citus, values)}
+            rows = (yield citus, values).all()
+            ids = {row[0] for row in rows}
             changed |= ids
+            if finishes:
+                awaited += [row[0] for row in rows if row[1]]
             if ids:
                 woken.append(queue)
         if notify and woken:
             (yield queries.notify_queues_stmt(queues=woken), None).all()
+        yield from tell_waiters(awaited)
         _check_lost(held, changed, raise_on_lost)
         return [h.job_id for h in held if h.job_id in changed]
     values = queries.fence_params(held) | dict(params or {})
@@ -187,6 +196,8 @@ def fail(
     if (yield DISTRIBUTED):
         (queue,) = by_queue([lease], "fail")
         row = (yield _CITUS_FAIL, params | {"b_queue": queue}).first()
+        if row is not None and row.awaited and row.status == JobStatus.FAILED:
+            yield from tell_waiters([row.id])
     else:
         row = (yield _FAIL, params).first()
     if row is None:

@@ -69,6 +69,7 @@ from sqlaq.schema import (
     DEDUPE_INDEX,
     DEDUPE_SQL,
     DEPS_TRIGGER,
+    FINISH_CHANNEL,
     FINISH_TRIGGER,
     NOTIFY_TRIGGER,
     PAUSED_TABLE,
@@ -122,6 +123,14 @@ def jobs_triggers_stmt() -> TextClause:
         "SELECT tgname::text FROM pg_catalog.pg_trigger "
         "WHERE tgrelid = to_regclass(:b_table) AND NOT tgisinternal ORDER BY 1"
     ).bindparams(bindparam("b_table", TABLE_NAME, Text))
+
+
+def sequential_mode_stmt() -> TextClause:
+    """``SET LOCAL citus.multi_shard_modify_mode TO 'sequential'``: the rest of this
+    transaction runs its multi-shard commands one connection per node. A revision on a
+    distributed job table needs it: Citus runs its DDL on the shards in parallel, then
+    refuses a function command (``CREATE OR REPLACE FUNCTION``) in the same transaction."""
+    return text("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
 
 
 def distribute_ddl(*, triggers: Collection[str] = JOB_TRIGGERS) -> list[str]:
@@ -297,13 +306,29 @@ def citus_extend_lease_stmt() -> Update:
 
 def citus_complete_stmt() -> Update:
     """:func:`sqlaq.queries.complete_stmt` for the leases of one queue (``AND queue =
-    :b_queue``); bind :func:`sqlaq.queries.fence_params` and ``b_queue``."""
+    :b_queue``), ``RETURNING id, awaited`` (a waiter is told by
+    :func:`citus_notify_finished_stmt`); bind :func:`sqlaq.queries.fence_params` and
+    ``b_queue``."""
     return _pinned(
         update(jobs)
         .where(_fence([]))
         .values(status=_status(JobStatus.DONE), finished_at=_NOW, lease_token=null())
-        .returning(c.id)
+        .returning(c.id, c.awaited)
     )
+
+
+def citus_notify_finished_stmt(*, job_ids: Sequence[int]) -> Select[Any]:
+    """``SELECT pg_notify('sqlaq_finished', id::text) FROM unnest(:b_ids) AS id``: tell
+    the waiters of *job_ids* (:func:`sqlaq.wait`) that they finished, as the finish
+    trigger does on plain PostgreSQL; a statement with no table, so it runs on the
+    coordinator, where the waiters listen."""
+    ids = (
+        func.unnest(bindparam("b_ids", list(job_ids), _IDS))
+        .table_valued("id")
+        .render_derived(name="finished")
+    )
+    channel = literal_column(f"'{FINISH_CHANNEL}'", Text)
+    return select(func.pg_notify(channel, cast(ids.c.id, Text))).select_from(ids)
 
 
 def citus_complete_result_stmt() -> Update:
@@ -318,7 +343,7 @@ def citus_complete_result_stmt() -> Update:
             lease_token=null(),
             result=cast(bindparam("b_result", None, Text), JSONB),
         )
-        .returning(c.id)
+        .returning(c.id, c.awaited)
     )
 
 
@@ -353,7 +378,7 @@ def citus_fail_stmt() -> Update:
             locked_by=null(),
             lease_token=null(),
         )
-        .returning(c.id, c.status, c.run_at)
+        .returning(c.id, c.status, c.run_at, c.awaited)
     )
 
 
@@ -416,7 +441,7 @@ def citus_cancel_stmt() -> Update:
         update(jobs)
         .where(c.queue == queue_, c.id == was.c.id)
         .values(status=_status(JobStatus.CANCELLED), finished_at=_NOW, lease_token=null())
-        .returning(c.id, was.c.status.label("was"))
+        .returning(c.id, was.c.status.label("was"), c.awaited)
     )
 
 
@@ -462,7 +487,7 @@ def citus_sweep_stmt() -> Update:
             lease_token=null(),
             last_error=case((exhausted, _expired_error()), else_=_expired_error("queued again")),
         )
-        .returning(c.id, c.status)
+        .returning(c.id, c.status, c.awaited)
     )
 
 
@@ -508,6 +533,7 @@ __all__ = [
     "citus_handback_stmt",
     "citus_locate_stmt",
     "citus_notify_cancel_stmt",
+    "citus_notify_finished_stmt",
     "citus_prunable_stmt",
     "citus_prune_stmt",
     "citus_snooze_stmt",

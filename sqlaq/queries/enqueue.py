@@ -256,7 +256,8 @@ def find_pending_duplicate_stmt(*, kind: str, dedupe_key: str) -> Any:
 def enqueue_many_stmt(
     *, jobs_: Sequence[NewJob], headers: str | None = None, per_queue: bool = False
 ) -> Insert:
-    """Insert many jobs in one statement; ``RETURNING id, kind, dedupe_key``.
+    """Insert many jobs in one statement; ``RETURNING id, kind, dedupe_key`` (and
+    ``queue`` with *per_queue*: on Citus a key is held per queue).
 
     Renders ``INSERT INTO sqlaq_jobs (...) SELECT ... FROM unnest(:b_queues, ...) WITH
     ORDINALITY AS new_jobs JOIN jsonb_array_elements(:b_payloads::jsonb) WITH ORDINALITY
@@ -305,6 +306,8 @@ def enqueue_many_stmt(
     stmt = stmt.on_conflict_do_nothing(
         index_elements=_dedupe_columns(per_queue), index_where=_DEDUPE
     )
+    if per_queue:
+        return stmt.returning(c.id, c.kind, c.dedupe_key, c.queue)
     return stmt.returning(c.id, c.kind, c.dedupe_key)
 
 
@@ -366,8 +369,32 @@ def enqueue_copy_stmt() -> psycopg.sql.Composed:
     )
 
 
-def find_pending_duplicates_stmt(*, kinds: Sequence[str], dedupe_keys: Sequence[str]) -> Any:
-    """Select ``id, kind, dedupe_key`` of pending jobs holding any of the given pairs."""
+def find_pending_duplicates_stmt(
+    *, kinds: Sequence[str], dedupe_keys: Sequence[str], queues: Sequence[str] | None = None
+) -> Any:
+    """Select ``id, kind, dedupe_key`` of pending jobs holding any of the given pairs;
+    with *queues* (on Citus, where a key is held per queue), ``id, kind, dedupe_key,
+    queue`` of those holding any of the given triples."""
+    if queues is not None:
+        triples = (
+            func.unnest(
+                bindparam("b_kinds", list(kinds), ARRAY(Text)),
+                bindparam("b_dedupe_keys", list(dedupe_keys), ARRAY(Text)),
+                bindparam("b_queues", list(queues), ARRAY(Text)),
+            )
+            .table_valued("kind", "dedupe_key", "queue")
+            .render_derived(name="wanted")
+        )
+        held = and_(
+            c.kind == triples.c.kind,
+            c.dedupe_key == triples.c.dedupe_key,
+            c.queue == triples.c.queue,
+        )
+        return (
+            select(c.id, c.kind, c.dedupe_key, c.queue)
+            .join_from(jobs, triples, held)
+            .where(_DEDUPE)
+        )
     pairs = (
         func.unnest(
             bindparam("b_kinds", list(kinds), ARRAY(Text)),

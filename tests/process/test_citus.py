@@ -19,17 +19,30 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
+import alembic.command
 import psycopg
 import pytest
+from conftest import alembic_config
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
-from workerkit import LEDGER, ledger_table, rows, scalar, wait_until, worker_processes
+from worker_app import EFFECTS
+from workerkit import (
+    LEDGER,
+    Recorder,
+    fast_worker,
+    ledger_table,
+    rows,
+    running,
+    scalar,
+    wait_until,
+    worker_processes,
+)
 
 import sqlaq
 from sqlaq import admin, citus, migrations, results
@@ -317,8 +330,9 @@ def test_what_does_not_run_on_citus_yet_refuses_in_one_line(distributed: Engine)
             ),
             lambda: sqlaq.enqueue(conn, "k", queue="q", after=[job]),
             lambda: sqlaq.complete(conn, sqlaq.Lease(job, uuid4(), uuid4(), 1, None)),  # type: ignore[arg-type]
-            lambda: sqlaq.enqueue_many(conn, [sqlaq.NewJob("k", queue="q", dedupe_key="a")]),
             lambda: sqlaq.chain(conn, [sqlaq.NewJob("k"), sqlaq.NewJob("k")]),
+            lambda: sqlaq.read_workflow(conn, job),
+            lambda: sqlaq.cancel_workflow(conn, job),
         ):
             with pytest.raises(sqlaq.ConfigError, match="Citus") as caught:
                 call()
@@ -409,13 +423,18 @@ def test_cancel_sweep_retry_and_prune_run_queue_by_queue(distributed: Engine) ->
             sqlaq.claim(conn, worker_id=worker, queue=q, limit=1, lease=timedelta(seconds=1))[0]
             for q in ("c0", "c1")
         ]
+    with distributed.begin() as conn:  # as sqlaq.wait marks the jobs it waits for
+        awaited = "UPDATE sqlaq_jobs SET awaited = true WHERE id = ANY(:ids)"
+        conn.execute(text(awaited), {"ids": [ids[2], running[1].id]})
     with psycopg.connect(url, autocommit=True) as listener:
         listener.execute("LISTEN sqlaq_cancel")
+        listener.execute("LISTEN sqlaq_finished")
         with distributed.begin() as conn:
             cancelled = sqlaq.cancel(conn, [running[0].id, ids[2], ids[5], 10**9])
-        heard = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+        heard = {(n.channel, n.payload) for n in listener.notifies(timeout=2, stop_after=2)}
     assert cancelled == sorted([running[0].id, ids[2], ids[5]])
-    assert heard == [str(running[0].id)]
+    # The running job's worker is told; so are the waiters of an awaited job.
+    assert heard == {("sqlaq_cancel", str(running[0].id)), ("sqlaq_finished", str(ids[2]))}
     with distributed.begin() as conn, pytest.raises(sqlaq.LeaseLostError):
         sqlaq.complete(conn, running[0].lease)
     # The other claimed job's 1 s lease expires on its only attempt: the sweep fails it.
@@ -430,8 +449,12 @@ def test_cancel_sweep_retry_and_prune_run_queue_by_queue(distributed: Engine) ->
         10,
         "the lease expired",
     )
-    with distributed.begin() as conn:
-        assert sqlaq.ops.sweep(conn) == 1
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN sqlaq_finished")
+        with distributed.begin() as conn:
+            assert sqlaq.ops.sweep(conn) == 1
+        heard = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+    assert heard == [str(running[1].id)]  # failed for good, and awaited
     assert scalar(
         distributed, "SELECT status FROM sqlaq_jobs WHERE id = :id", id=running[1].id
     ) == ("failed")
@@ -445,23 +468,20 @@ def test_cancel_sweep_retry_and_prune_run_queue_by_queue(distributed: Engine) ->
 
 @needs_citus
 def test_a_later_revision_upgrades_a_distributed_table(installed: Engine) -> None:
-    """Distributed at sqlaq_0006, then the upgrade to the head (sqlaq_0007: a column, an index, the
-    revision function) on the distributed table: refused in one parallel transaction,
-    done with ``citus.multi_shard_modify_mode = sequential``; the operations then use the
-    new key column on Citus."""
+    """Distributed at sqlaq_0006, then ``sqlaq migrate`` to the head (sqlaq_0007: a
+    column, an index, the revision function; and the later ones) on the distributed
+    table: sqlaq runs each revision's multi-shard DDL one connection per node itself
+    (Citus would refuse the function command after a parallel DDL); the operations then
+    use the new key column."""
     _reset(installed)
     with installed.begin() as conn:
         migrations.upgrade(conn, "sqlaq_0006")
         for statement in citus_queries.distribute_ddl():
             conn.execute(text(statement))
-    # As the docs say: in one transaction, Citus runs the revision's DDL on the shards in
-    # parallel, and then refuses its CREATE OR REPLACE FUNCTION (a distributed object)
-    # unless the transaction runs its multi-shard commands one connection per node.
-    with installed.begin() as conn, pytest.raises(Exception, match="parallel operation"):
-        migrations.upgrade(conn)
-    with installed.begin() as conn:
-        conn.execute(text("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'"))
-        migrations.upgrade(conn)
+    code, out, err = _sqlaq(CITUS, "migrate")
+    assert code == 0, err
+    assert f"sqlaq_0006 -> {migrations.HEAD}" in out
+    with installed.connect() as conn:
         assert migrations.check(conn) == migrations.HEAD
     engine = create_engine(CITUS)
     try:
@@ -473,6 +493,85 @@ def test_a_later_revision_upgrades_a_distributed_table(installed: Engine) -> Non
             assert sqlaq.complete(conn, job.lease) == [job.id]
     finally:
         engine.dispose()
+
+
+@needs_citus
+def test_alembic_downgrades_and_upgrades_a_distributed_table() -> None:
+    """The host's Alembic (the repository's alembic.ini): ``alembic upgrade heads``,
+    ``sqlaq citus-distribute``, then downgrades to sqlaq_0005 run on the distributed
+    table (sqlaq keeps no trigger there: its trigger DDL is skipped), the one below
+    refuses in one line naming why, and ``alembic upgrade heads`` comes back to a head
+    that ``sqlaq check --deep`` finds as converted; the jobs stay and run."""
+    cfg = alembic_config(CITUS)
+    engine = create_engine(CITUS)
+    _reset(engine)
+    try:
+        alembic.command.upgrade(cfg, "heads")
+        code, _, err = _sqlaq(CITUS, "citus-distribute")
+        assert code == 0, err
+        with engine.begin() as conn:
+            job_id = sqlaq.enqueue(conn, "k", queue="aq").job_id
+        alembic.command.downgrade(cfg, "sqlaq_0005")
+        with engine.connect() as conn:
+            assert migrations.current_revision(conn) == "sqlaq_0005"
+            assert citus.is_distributed(conn)
+        with pytest.raises(sqlaq.SchemaOutOfDateError) as refused:
+            alembic.command.downgrade(cfg, "sqlaq_0004")
+        message = str(refused.value)
+        assert "\n" not in message
+        assert "sqlaq_0005 downgrade is refused on Citus" in message
+        assert "undistribute_table('sqlaq_jobs')" in message
+        alembic.command.upgrade(cfg, "heads")
+        code, _, err = _sqlaq(CITUS, "check", "--deep")
+        assert code == 0, err
+        assert (
+            scalar(
+                engine,
+                "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'sqlaq_jobs'"
+                "::regclass AND NOT tgisinternal",
+            )
+            == 0
+        )
+        citus.forget(engine)
+        with engine.begin() as conn:
+            (job,) = sqlaq.claim(conn, worker_id=uuid4(), queue="aq")
+            assert job.id == job_id
+            assert sqlaq.complete(conn, job.lease) == [job_id]
+    finally:
+        _reset(engine)
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+        engine.dispose()
+
+
+@needs_citus
+def test_check_deep_knows_the_citus_shape(distributed: Engine) -> None:
+    """``sqlaq check --deep`` on a converted schema: no drift (the primary key, the unique
+    indexes leading with queue, no trigger); a real drift is still named, with fixes
+    that run on Citus: a dropped dedupe index, the paused queues no longer a reference
+    table."""
+    code, out, err = _sqlaq(CITUS, "check", "--deep")
+    assert code == 0, err
+    assert f"as {migrations.HEAD} creates them" in out
+    with distributed.begin() as conn:
+        conn.execute(text("DROP INDEX sqlaq_jobs_dedupe_idx"))
+        conn.execute(text("SELECT undistribute_table('sqlaq_paused_queues')"))
+    code, _, err = _sqlaq(CITUS, "check", "--deep")
+    assert code == 1
+    assert "(2 difference(s))" in err, err
+    (index,) = [line for line in err.splitlines() if "sqlaq_jobs_dedupe_idx" in line]
+    assert "missing" in index
+    assert "(queue, kind, dedupe_key)" in index
+    (paused,) = [line for line in err.splitlines() if line.startswith("- citus ")]
+    assert "sqlaq_paused_queues: not a reference table" in paused
+    with distributed.connect() as conn:
+        found = migrations.differences(conn)
+    with distributed.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for difference in found:
+            for statement in difference.statements:
+                conn.execute(text(statement))
+    code, _, err = _sqlaq(CITUS, "check", "--deep")
+    assert code == 0, err
 
 
 @needs_citus
@@ -496,6 +595,145 @@ def test_per_key_limits_and_order_within_a_queue(distributed: Engine) -> None:
             conn, worker_id=worker, kind="o", queue="oq", limit=10, key_concurrency=2
         )
     assert {j.id for j in again.jobs} == {first[1]}  # key a holds one slot already
+
+
+@needs_citus
+def test_periodic_jobs_and_batch_dedupe_per_queue(distributed: Engine) -> None:
+    """enqueue_periodic on the cluster (its slot row locked on the coordinator, its jobs
+    a batch with dedupe keys): one job per slot, however many times it runs. A batch's
+    duplicates resolve per queue: the same key in two queues makes two jobs."""
+    registry = sqlaq.Registry()
+
+    @registry.periodic("* * * * *", kind="tick", queue="pq")
+    def tick(payload: dict[str, Any]) -> None:
+        """A periodic job."""
+
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    with distributed.begin() as conn:
+        assert sqlaq.enqueue_periodic(conn, registry.periodics, now=start) == []  # first sight
+    for _ in range(2):
+        with distributed.begin() as conn:
+            done = sqlaq.enqueue_periodic(
+                conn, registry.periodics, now=start + timedelta(minutes=3)
+            )
+    assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs WHERE queue = 'pq'") == 1
+    assert done == []
+    with distributed.begin() as conn:
+        held = sqlaq.enqueue(conn, "k", queue="x1", dedupe_key="a").job_id
+    with distributed.begin() as conn:
+        batch = sqlaq.enqueue_many(
+            conn,
+            [
+                sqlaq.NewJob("k", queue="x1", dedupe_key="a"),
+                sqlaq.NewJob("k", queue="x2", dedupe_key="a"),
+                sqlaq.NewJob("k", queue="x2", dedupe_key="a"),
+                sqlaq.NewJob("k", queue="x1", dedupe_key="b"),
+            ],
+        )
+    assert [r.duplicate for r in batch] == [True, False, True, False]
+    assert batch[0].job_id == held
+    assert batch[2].job_id == batch[1].job_id
+    queues = dict(rows(distributed, "SELECT id, queue FROM sqlaq_jobs"))
+    assert [queues[r.job_id] for r in batch] == ["x1", "x2", "x2", "x1"]
+
+
+@needs_citus
+def test_transactional_handlers_and_wait_on_the_cluster(distributed: Engine) -> None:
+    """An in-process worker runs a transactional handler: its write (a host table on the
+    coordinator) and the job's completion with its result commit together; a handler
+    that raises leaves no write. sqlaq.wait is woken by the outcome itself: with no
+    finish trigger on Citus, complete_with_result and fail send ``sqlaq_finished`` for
+    an awaited job from the coordinator (its poll here is slower than the timeout)."""
+    registry = sqlaq.Registry()
+
+    @registry.handler("txn", max_attempts=1)
+    def txn(payload: dict[str, Any], session: Any) -> dict[str, int]:
+        """Write one effect row in the job's transaction; raise when told to."""
+        job = sqlaq.current_job()
+        session.execute(text(f"INSERT INTO {EFFECTS} (job_id) VALUES (:j)"), {"j": job.id})
+        if payload.get("boom"):
+            raise RuntimeError("boom")
+        return {"n": job.id}
+
+    with distributed.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {EFFECTS} (job_id bigint NOT NULL)"))
+    try:
+        with distributed.begin() as conn:
+            # Due in a moment: each wait below starts before its job finishes.
+            later = {"queue": "tx", "max_attempts": 1}
+            good = sqlaq.enqueue(conn, "txn", delay=timedelta(seconds=1), **later).job_id
+            bad = sqlaq.enqueue(conn, "txn", {"boom": 1}, delay=timedelta(seconds=3), **later)
+        recorder = Recorder()
+        worker = fast_worker(distributed, registry, recorder, queues=["tx"])
+        with running(worker):
+            began = time.monotonic()
+            outcome = sqlaq.wait(distributed, good, timeout=30, poll_interval=600)
+            failed = sqlaq.wait(distributed, bad.job_id, timeout=30, poll_interval=600)
+            # At its timeout, wait reads the job once more: woken well before it.
+            assert time.monotonic() - began < 20
+        assert outcome.status == "done"
+        assert outcome.result == {"n": good}
+        assert failed.status == "failed"
+        assert "boom" in (failed.error or "")
+        assert [r[0] for r in rows(distributed, f"SELECT job_id FROM {EFFECTS}")] == [good]
+        assert bad.job_id != good
+    finally:
+        with distributed.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {EFFECTS}"))
+
+
+@needs_citus
+def test_explain_and_the_operators_commands(distributed: Engine) -> None:
+    """sqlaq.explain, and stats, list, show, explain, pause, resume, workers, retry,
+    cancel and prune from the command line: each answers on the cluster."""
+    with distributed.begin() as conn:
+        later = sqlaq.enqueue(conn, "k", queue="eq", delay=timedelta(hours=1)).job_id
+        now = sqlaq.enqueue(conn, "k", queue="eq").job_id
+    with distributed.begin() as conn:
+        (reason, *_) = sqlaq.explain(conn, later)
+    assert reason.code == sqlaq.ReasonCode.NOT_DUE
+    for args, expected in (
+        (["stats"], "eq"),
+        (["list", "--queue", "eq"], str(later)),
+        (["show", str(now)], "queued"),
+        (["explain", str(later)], "not due"),
+        (["pause", "eq"], "paused"),
+        (["explain", str(now)], "paused"),
+        (["resume", "eq"], "resumed"),
+        (["workers"], "(none)"),
+        (["cancel", str(now)], "cancelled"),
+        (["retry", str(now)], "retried 1"),
+        (["cancel", str(now), str(later)], "cancelled"),
+        (["prune", "--cancelled-older-than", "0s"], "2"),
+    ):
+        code, out, err = _sqlaq(CITUS, *args)
+        assert code == 0, (args, err)
+        assert expected in out, (args, out)
+    assert scalar(distributed, "SELECT count(*) FROM sqlaq_jobs") == 0
+
+
+@needs_citus
+def test_the_dashboard_s_read_only_pages_answer(distributed: Engine) -> None:
+    """Every read-only page of the dashboard answers 200 on a converted schema, with
+    jobs in several states over several queues."""
+    from starlette.testclient import TestClient
+
+    from sqlaq.dashboard import app
+
+    with distributed.begin() as conn:
+        ids = [sqlaq.enqueue(conn, "k", queue=f"d{i % 3}", max_attempts=1).job_id for i in range(6)]
+    with distributed.begin() as conn:
+        (job,) = sqlaq.claim(conn, worker_id=uuid4(), queue="d0", limit=1)
+        sqlaq.fail(conn, job.lease, "boom")
+        sqlaq.cancel(conn, [ids[1]])
+    with TestClient(app(distributed), base_url="http://localhost") as client:
+        for path in (
+            "/", "/api/overview", "/jobs", "/jobs?queue=d1", f"/jobs/{job.id}",
+            f"/jobs/{ids[2]}", "/failures", "/prune", "/workers", "/schedules",
+        ):  # fmt: skip
+            response = client.get(path)
+            assert response.status_code == 200, (path, response.text[-2000:])
+        assert "boom" in client.get("/failures").text
 
 
 @needs_citus

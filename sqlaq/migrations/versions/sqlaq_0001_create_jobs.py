@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from sqlaq.migrations import _citus
+
 revision: str = "sqlaq_0001"
 down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = ("sqlaq",)
@@ -21,6 +23,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    _citus.prepare()
     op.execute(
         """
         CREATE TABLE sqlaq_jobs (
@@ -83,7 +86,7 @@ def upgrade() -> None:
         $$
         """
     )
-    op.execute(
+    _citus.jobs_trigger(
         "CREATE TRIGGER sqlaq_jobs_notify_trg AFTER INSERT ON sqlaq_jobs "
         "REFERENCING NEW TABLE AS sqlaq_new_jobs "
         "FOR EACH STATEMENT EXECUTE FUNCTION sqlaq_jobs_notify()"
@@ -98,7 +101,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    _citus.prepare()
     op.execute("DROP FUNCTION IF EXISTS sqlaq_jobs_schema_revision()")
-    op.execute("DROP TRIGGER IF EXISTS sqlaq_jobs_notify_trg ON sqlaq_jobs")
+    _citus.jobs_trigger("DROP TRIGGER IF EXISTS sqlaq_jobs_notify_trg ON sqlaq_jobs")
     op.execute("DROP FUNCTION IF EXISTS sqlaq_jobs_notify()")
     op.execute("DROP TABLE IF EXISTS sqlaq_jobs")

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from sqlaq.migrations import _citus
+
 revision: str = "sqlaq_0002"
 down_revision: str | None = "sqlaq_0001"
 branch_labels: str | Sequence[str] | None = None
@@ -23,6 +25,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    _citus.prepare()
     # When the current attempt started (the claim's now()): what rate limits and
     # operators read, on the database's clock.
     op.execute("ALTER TABLE sqlaq_jobs ADD COLUMN attempted_at timestamptz")
@@ -60,6 +63,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    _citus.prepare()
     op.execute(
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
         "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0001'::text $$"

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from sqlaq.migrations import _citus
+
 revision: str = "sqlaq_0003"
 down_revision: str | None = "sqlaq_0002"
 branch_labels: str | Sequence[str] | None = None
@@ -23,6 +25,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    _citus.prepare()
     # A handler's return value, written by the completion that marks the job done.
     op.execute("ALTER TABLE sqlaq_jobs ADD COLUMN result jsonb")
     # Set by sqlaq.wait on a pending job: only flagged jobs notify when they finish.
@@ -40,7 +43,7 @@ def upgrade() -> None:
     )
     # The WHEN clause is evaluated without calling the function, so an unflagged job (the
     # common case: nobody waits for it) costs one boolean test per updated row.
-    op.execute(
+    _citus.jobs_trigger(
         "CREATE TRIGGER sqlaq_jobs_finish_trg AFTER UPDATE OF status ON sqlaq_jobs "
         "FOR EACH ROW WHEN (NEW.awaited AND "
         "NEW.status IN ('done', 'failed', 'cancelled')) "
@@ -53,11 +56,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    _citus.prepare()
     op.execute(
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
         "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0002'::text $$"
     )
-    op.execute("DROP TRIGGER IF EXISTS sqlaq_jobs_finish_trg ON sqlaq_jobs")
+    _citus.jobs_trigger("DROP TRIGGER IF EXISTS sqlaq_jobs_finish_trg ON sqlaq_jobs")
     op.execute("DROP FUNCTION IF EXISTS sqlaq_jobs_notify_finish()")
     op.execute("ALTER TABLE sqlaq_jobs DROP COLUMN IF EXISTS awaited")
     op.execute("ALTER TABLE sqlaq_jobs DROP COLUMN IF EXISTS result")

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from sqlaq.migrations import _citus
+
 revision: str = "sqlaq_0004"
 down_revision: str | None = "sqlaq_0003"
 branch_labels: str | Sequence[str] | None = None
@@ -22,6 +24,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    _citus.prepare()
     # A row per paused queue: every claim of a queue looks its name up here (one primary
     # key probe, evaluated once per claim), so a pause holds across every worker at once.
     op.execute(
@@ -61,6 +64,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    _citus.prepare()
     op.execute(
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
         "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0003'::text $$"

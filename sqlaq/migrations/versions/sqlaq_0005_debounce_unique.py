@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from sqlaq.migrations import _citus
+
 revision: str = "sqlaq_0005"
 down_revision: str | None = "sqlaq_0004"
 branch_labels: str | Sequence[str] | None = None
@@ -23,6 +25,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    _citus.prepare()
     # A debounced job's key: at most one never-started queued job per (kind, key), the
     # arbiter of enqueue's ON CONFLICT ... DO UPDATE (a started job has left it: it has
     # read its payload).
@@ -55,6 +58,14 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # On Citus its upgrade could not run again: a unique index without queue.
+    _citus.refuse(
+        "sqlaq_0005",
+        "downgrade",
+        "its upgrade (a unique index on (kind, debounce_key), without the distribution "
+        "column) could not run there again",
+    )
+    _citus.prepare()
     op.execute(
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
         "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0004'::text $$"

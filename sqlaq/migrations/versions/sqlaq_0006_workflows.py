@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from sqlaq.migrations import _citus
+
 revision: str = "sqlaq_0006"
 down_revision: str | None = "sqlaq_0005"
 branch_labels: str | Sequence[str] | None = None
@@ -24,6 +26,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    _citus.prepare()
     # Set on a job when another job is enqueued to wait for it: only flagged jobs run
     # the trigger below when they finish.
     op.execute("ALTER TABLE sqlaq_jobs ADD COLUMN has_dependents boolean NOT NULL DEFAULT false")
@@ -120,7 +123,7 @@ def upgrade() -> None:
         $$
         """
     )
-    op.execute(
+    _citus.jobs_trigger(
         "CREATE TRIGGER sqlaq_jobs_deps_trg AFTER UPDATE OF status ON sqlaq_jobs "
         "FOR EACH ROW WHEN ((NEW.has_dependents OR OLD.parent_ids IS NOT NULL) AND "
         "NEW.status IN ('done', 'failed', 'cancelled')) "
@@ -133,11 +136,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    _citus.prepare()
     op.execute(
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
         "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0005'::text $$"
     )
-    op.execute("DROP TRIGGER IF EXISTS sqlaq_jobs_deps_trg ON sqlaq_jobs")
+    _citus.jobs_trigger("DROP TRIGGER IF EXISTS sqlaq_jobs_deps_trg ON sqlaq_jobs")
     op.execute("DROP FUNCTION IF EXISTS sqlaq_jobs_settle_children()")
     op.execute("DROP TABLE IF EXISTS sqlaq_job_deps")
     # Jobs still waiting become due: without the edges nothing would ever release them.

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from sqlaq.migrations import _citus
+
 revision: str = "sqlaq_0007"
 down_revision: str | None = "sqlaq_0006"
 branch_labels: str | Sequence[str] | None = None
@@ -22,6 +24,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    _citus.prepare()
     # The job's key (a tenant, an account, a resource): what per-key limits and strict
     # order per key are counted over (NULL: no key).
     op.execute("ALTER TABLE sqlaq_jobs ADD COLUMN key text")
@@ -38,6 +41,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    _citus.prepare()
     op.execute(
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
         "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0006'::text $$"

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from sqlaq.migrations import _citus
+
 revision: str = "sqlaq_0009"
 down_revision: str | None = "sqlaq_0007"
 branch_labels: str | Sequence[str] | None = None
@@ -21,6 +23,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    _citus.prepare()
     # A queue's pending keyed jobs by key in claim order: the fair claim walks the keys
     # (one probe each: a loose index scan) and reads each key's first due jobs from it.
     # Only rows with a key: a job without one (every job of an application that does
@@ -37,6 +40,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    _citus.prepare()
     op.execute(
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
         "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0007'::text $$"
