@@ -22,6 +22,7 @@ from sqlaq.errors import ConfigError, InvalidJobError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
 from sqlaq.ops._common import _NIL, DEFAULT_LEASE, _check_positive
+from sqlaq.queries import FULL_CLAIM, ClaimPosition
 from sqlaq.records import ClaimedJob, LimitedClaim
 from sqlaq.schema import (
     DEFAULT_QUEUE,
@@ -33,6 +34,14 @@ _CLAIM_KIND = queries.claim_stmt(queue="_", worker_id=_NIL, limit=1, lease=DEFAU
 
 _CLAIM_EXCLUDING = queries.claim_stmt(
     queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, exclude_kinds=["_"]
+)
+
+_CLAIM_BOUNDED = queries.claim_stmt(
+    queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, bounded=True
+)
+
+_CLAIM_BOUNDED_EXCLUDING = queries.claim_stmt(
+    queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, exclude_kinds=["_"], bounded=True
 )
 
 _LOCK_KIND = queries.lock_kind_stmt(kind="_")
@@ -92,9 +101,56 @@ def claim(
     return _claimed(claimed.all(), worker_id, lease)
 
 
+def claim_bounded(
+    *,
+    worker_id: UUID,
+    queue: str,
+    limit: int,
+    lease: timedelta,
+    after: ClaimPosition | None,
+    exclude_kinds: Collection[str] = (),
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+) -> Plan[tuple[list[ClaimedJob], ClaimPosition | None]]:
+    """The worker's claim: :func:`claim` starting after the claim index's position
+    *after* (None: from the queue's first entry), see :func:`sqlaq.queries.claim_stmt`
+    (``bounded``). A plan, run by the worker's fetcher (not an operation of the API).
+
+    Returns the claimed jobs, and the position of the last job the claim took (its
+    ``run_at`` as it was before the claim; a job it marked failed counts), where the
+    next claim may start; None when it took none.
+    """
+    _check_claim(worker_id, queue, limit, lease)
+    kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
+    params = queries.claim_params(
+        queue=queue,
+        worker_id=worker_id,
+        limit=limit,
+        lease=lease,
+        exclude_kinds=kinds,
+        after=FULL_CLAIM if after is None else after,
+    )
+    if where is not None and not (isinstance(where, Sequence) and not where):
+        stmt = _narrowed_claim(where, "bounded-excluding" if kinds else "bounded")
+    else:
+        stmt = _CLAIM_BOUNDED_EXCLUDING if kinds else _CLAIM_BOUNDED
+    rows = (yield stmt, params).all()
+    if not rows:
+        return [], None
+    # The last column is the job's run_at before the claim; the index's order is
+    # priority DESC, run_at, id.
+    last = max(rows, key=_index_order)
+    position = ClaimPosition(last[4], last[-1], last[0])
+    return _claimed([row[:-1] for row in rows], worker_id, lease), position
+
+
+def _index_order(row: Any) -> tuple[int, datetime, int]:
+    return (-row[4], row[-1], row[0])
+
+
 # Narrowed claims, by the identity of their clause(s) and their variant ("": plain,
-# "excluding": excluding kinds, "kind": one kind's). Each entry keeps its clauses alive,
-# so an id cannot be reused while it is cached.
+# "excluding": excluding kinds, "kind": one kind's, "bounded" and "bounded-excluding":
+# the worker's bounded claims). Each entry keeps its clauses alive, so an id cannot be
+# reused while it is cached.
 _NARROWED: dict[tuple[tuple[int, ...], str], tuple[tuple[object, ...], Any]] = {}
 
 _NARROWED_MAX = 64
@@ -114,8 +170,9 @@ def _narrowed_claim(where: Any, variant: str) -> Any:
         limit=1,
         lease=DEFAULT_LEASE,
         kind="_" if variant == "kind" else None,
-        exclude_kinds=["_"] if variant == "excluding" else (),
+        exclude_kinds=["_"] if variant in ("excluding", "bounded-excluding") else (),
         where=list(clauses),
+        bounded=variant in ("bounded", "bounded-excluding"),
     )
     with _NARROWED_LOCK:  # worker threads claim at once
         if len(_NARROWED) >= _NARROWED_MAX:

@@ -66,6 +66,8 @@ from sqlaq.queries.catalog import (
     schema_revision_stmt,
 )
 from sqlaq.queries.claim import (
+    FULL_CLAIM,
+    ClaimPosition,
     claim_params,
     claim_stmt,
     kind_limit_state_params,
@@ -186,9 +188,11 @@ from sqlaq.queries.workflow import (
 __all__ = [
     "CLAIM_COLUMNS",
     "COPY_COLUMNS",
+    "FULL_CLAIM",
     "LARGE_VALUES",
     "OUTCOME_COLUMNS",
     "WAIT_PERCENTILES",
+    "ClaimPosition",
     "Reference",
     "blocking_references_stmt",
     "cancel_stmt",

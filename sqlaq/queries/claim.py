@@ -4,11 +4,12 @@ log of limited kinds."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from datetime import timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     ClauseElement,
     ColumnElement,
@@ -28,10 +29,11 @@ from sqlalchemy import (
     null,
     select,
     text,
+    tuple_,
     type_coerce,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, insert
+from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP, insert
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
 from sqlaq.errors import ConfigError
@@ -47,6 +49,36 @@ from sqlaq.schema import (
 )
 
 
+class ClaimPosition(NamedTuple):
+    """A place in the claim index's order (``priority DESC, run_at, id``): where a
+    bounded claim (:func:`claim_stmt` with ``bounded=True``) starts.
+
+    The worker keeps, per queue, the position of the last job it claimed (its
+    ``run_at`` as it was before the claim) and claims from there on; see
+    :mod:`sqlaq.worker.fetcher`.
+
+    Attributes:
+        priority: The job's priority.
+        run_at: Its ``run_at`` when it was claimed (the claim writes the lease's end
+            there).
+        id: Its id.
+    """
+
+    priority: int
+    run_at: datetime
+    id: int
+
+    def key(self) -> tuple[int, datetime, int]:
+        """A key that sorts positions in the index's order (the earliest first)."""
+        return (-self.priority, self.run_at, self.id)
+
+
+#: The bound of a full claim: a priority above any ``smallint``, so the claim's first
+#: range (``priority = :b_priority``) is empty and its second (``priority <
+#: :b_priority``) is the whole queue, in the index's order.
+FULL_CLAIM = ClaimPosition(32768, datetime(1, 1, 1, tzinfo=UTC), 0)
+
+
 def claim_params(
     *,
     queue: str,
@@ -55,14 +87,19 @@ def claim_params(
     lease: timedelta,
     kind: str | None = None,
     exclude_kinds: Collection[str] = (),
+    after: ClaimPosition | None = None,
 ) -> dict[str, Any]:
     """The bind values of :func:`claim_stmt` (built with the same *kind* or
-    *exclude_kinds* choice: each variant is a statement of its own)."""
+    *exclude_kinds* choice: each variant is a statement of its own). *after* is the
+    position a bounded claim starts after (:data:`FULL_CLAIM` when None); a claim built
+    without ``bounded`` ignores it."""
     params = {"b_queue": queue, "b_worker": worker_id, "b_limit": limit, "b_lease": lease}
     if kind is not None:
         params["b_kind"] = kind
     if exclude_kinds:
         params["b_excluded"] = sorted(exclude_kinds)
+    if after is not None:
+        params["b_priority"], params["b_run_at"], params["b_id"] = after
     return params
 
 
@@ -75,6 +112,7 @@ def claim_stmt(
     kind: str | None = None,
     exclude_kinds: Collection[str] = (),
     where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+    bounded: bool = False,
 ) -> Update:
     """Claim up to *limit* due jobs of *queue*, in priority order; never more.
 
@@ -117,6 +155,30 @@ def claim_stmt(
     is marked ``failed`` in the same statement with a ``last_error`` saying the lease
     expired, and returned with status ``failed`` so the caller can skip it: a job that
     kills its worker every time ends failed and never loops.
+
+    **Bounded** (``bounded=True``, the worker's claim): the claim starts after a
+    position of the claim index, ``(:b_priority, :b_run_at, :b_id)`` (a
+    :class:`ClaimPosition`, from :func:`claim_params`'s *after*), instead of at the
+    queue's first entry, in two ranges of the index taken in order::
+
+        WITH at_bound AS MATERIALIZED (SELECT id, priority, run_at FROM sqlaq_jobs
+            WHERE <as above> AND priority = :b_priority
+              AND (run_at, id) > (:b_run_at, :b_id)
+            ORDER BY priority DESC, run_at, id LIMIT :b_limit FOR UPDATE SKIP LOCKED),
+        below AS MATERIALIZED (SELECT id, priority, run_at FROM sqlaq_jobs
+            WHERE <as above> AND priority < :b_priority
+            ORDER BY priority DESC, run_at, id
+            LIMIT :b_limit - (SELECT count(*) FROM at_bound) FOR UPDATE SKIP LOCKED),
+        candidates AS (SELECT * FROM at_bound UNION ALL SELECT * FROM below)
+        UPDATE ... RETURNING ..., candidates.run_at
+
+    Both bounds are index conditions: the scan starts at the position and never
+    visits the entries before it, the dead entries of the jobs claimed before, which a
+    snapshot held elsewhere keeps from being cleaned up (each would cost a heap fetch).
+    ``below`` runs only when ``at_bound`` gave fewer than *limit* (a ``LIMIT 0`` reads
+    nothing). The last column returned is each job's ``run_at`` before the claim
+    overwrote it: with its priority and id, the position of the next claim.
+    :data:`FULL_CLAIM` as the position claims from the queue's first entry.
     """
     v = claim_params(queue=queue, worker_id=worker_id, limit=limit, lease=lease)
     which: list[ColumnElement[bool]] = []
@@ -127,25 +189,30 @@ def claim_stmt(
         which.append(c.kind != func.all(excluded))
     narrowed = _where_clauses(where)
     queue_ = bindparam("b_queue", v["b_queue"], Text)
-    candidates = (
-        select(c.id)
-        .where(
-            _PENDING,
-            c.queue == queue_,
-            c.run_at <= _NOW,
-            # Uncorrelated, so PostgreSQL runs it once per claim (an InitPlan: one probe
-            # of the paused table's primary key) and skips the claim index's walk
-            # altogether while the queue is paused (a one-time filter).
-            ~exists().where(paused_queues.c.queue == queue_),
-            *which,
-            *narrowed,
-        )
-        .order_by(c.priority.desc(), c.run_at, c.id)
-        .limit(bindparam("b_limit", v["b_limit"], Integer))
-        .with_for_update(skip_locked=True)
-        .cte("candidates")
-        .prefix_with("MATERIALIZED")
+    due = (
+        _PENDING,
+        c.queue == queue_,
+        c.run_at <= _NOW,
+        # Uncorrelated, so PostgreSQL runs it once per claim (an InitPlan: one probe
+        # of the paused table's primary key) and skips the claim index's walk
+        # altogether while the queue is paused (a one-time filter).
+        ~exists().where(paused_queues.c.queue == queue_),
+        *which,
+        *narrowed,
     )
+    limit_ = bindparam("b_limit", v["b_limit"], Integer)
+    if bounded:
+        candidates = _bounded_candidates(due, limit_)
+    else:
+        candidates = (
+            select(c.id)
+            .where(*due)
+            .order_by(c.priority.desc(), c.run_at, c.id)
+            .limit(limit_)
+            .with_for_update(skip_locked=True)
+            .cte("candidates")
+            .prefix_with("MATERIALIZED")
+        )
     exhausted = and_(_RUNNING, c.attempts >= c.max_attempts)
     expired_error = _expired_error()
     reclaimed_error = _expired_error("claimed again")
@@ -176,8 +243,41 @@ def claim_stmt(
                 else_=c.last_error,
             ),
         )
-        .returning(*CLAIM_COLUMNS)
+        .returning(*CLAIM_COLUMNS, *((candidates.c.run_at,) if bounded else ()))
     )
+
+
+def _bounded_candidates(due: Sequence[ColumnElement[bool]], limit: Any) -> Any:
+    """The candidates of a bounded claim (see :func:`claim_stmt`): the rest of the
+    bound's priority after the bound, then the lower priorities, as one CTE."""
+    first = FULL_CLAIM
+    priority = bindparam("b_priority", first.priority, Integer)
+    after = tuple_(
+        bindparam("b_run_at", first.run_at, TIMESTAMP(timezone=True)),
+        bindparam("b_id", first.id, BigInteger),
+    )
+    order = (c.priority.desc(), c.run_at, c.id)
+    at_bound = (
+        select(c.id, c.priority, c.run_at)
+        .where(*due, c.priority == priority, tuple_(c.run_at, c.id) > after)
+        .order_by(*order)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("at_bound")
+        .prefix_with("MATERIALIZED")
+    )
+    # What the first range left of the limit: 0 when it gave all (LIMIT 0 reads nothing).
+    left = limit - select(func.count()).select_from(at_bound).scalar_subquery()
+    below = (
+        select(c.id, c.priority, c.run_at)
+        .where(*due, c.priority < priority)
+        .order_by(*order)
+        .limit(left)
+        .with_for_update(skip_locked=True)
+        .cte("below")
+        .prefix_with("MATERIALIZED")
+    )
+    return select(at_bound).union_all(select(below)).cte("candidates")
 
 
 def _where_clauses(
