@@ -136,15 +136,9 @@ def claim_bounded(
     rows = (yield stmt, params).all()
     if not rows:
         return [], None
-    # The last column is the job's run_at before the claim; the index's order is
-    # priority DESC, run_at, id.
-    last = max(rows, key=_index_order)
-    position = ClaimPosition(last[4], last[-1], last[0])
-    return _claimed([row[:-1] for row in rows], worker_id, lease), position
-
-
-def _index_order(row: Any) -> tuple[int, datetime, int]:
-    return (-row[4], row[-1], row[0])
+    # The last three columns: the position of the last job claimed, on every row.
+    position = ClaimPosition(*rows[0][-3:])
+    return _claimed([row[:-3] for row in rows], worker_id, lease), position
 
 
 # Narrowed claims, by the identity of their clause(s) and their variant ("": plain,
