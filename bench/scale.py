@@ -540,7 +540,8 @@ def held_steady(b: Recorder, worker: Spawn) -> None:
     minutes: dict[int, list[float]] = {}
     for job_id, at in committed.items():
         minutes.setdefault(int((at - first) // 60), []).append((started[job_id] - at) * 1000)
-    whole = [m for m, values in minutes.items() if len(values) >= STEADY_RATE * 50]
+    # Whole minutes (the last may be cut short); a run under a minute has its one.
+    whole = [m for m, values in minutes.items() if len(values) >= STEADY_RATE * 50] or [0]
     label = f"{STEADY_SECONDS / 60:.0f} min at {STEADY_RATE}/s, snapshot held"
     for which, minute in (("first", min(whole)), ("last", max(whole))):
         values = sorted(minutes[minute])
