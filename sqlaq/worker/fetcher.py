@@ -8,7 +8,12 @@ other kinds in one statement on a connection held in autocommit (a claim is one
 statement: no BEGIN or COMMIT round trip). It hands claimed jobs back; starting them is
 the worker's.
 
-The plain claim is :func:`sqlaq.ops.claim`'s plan, run here by
+The plain claim is bounded (:func:`sqlaq.ops.claiming.claim_bounded`): it starts at the
+claim index's position of the last job claimed from the queue, so a snapshot held
+elsewhere, which keeps the dead entries of every job claimed since, cannot slow it; the
+insert trigger's NOTIFY moves the bound back to where new jobs sit, and a poll, a
+reconnect or a notification without a position makes the next claim a full one
+(``docs/explanation/held-snapshots.md``). It is run by
 :class:`~sqlaq.worker.precompiled.Precompiled`: its statement compiled once to the
 driver's SQL and executed on the psycopg cursor itself (prepared on the server after a
 few runs, as psycopg does unless the URL says ``prepare_threshold=none``), its rows read
