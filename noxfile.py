@@ -2,8 +2,8 @@
 
 `nox -s matrix` runs the suite on every PostgreSQL version obtainable from pip (and the
 local server); `nox -s minimums` runs it with every dependency at its floor; `nox -s
-pgbouncer` runs the worker through PgBouncer in transaction pooling; `nox -s docs` builds
-the documentation site.
+pgbouncer` runs the worker through PgBouncer in transaction pooling; `nox -s citus` runs
+the Citus tests on a throwaway 3-node cluster; `nox -s docs` builds the documentation site.
 """
 
 from __future__ import annotations
@@ -442,3 +442,87 @@ def pgbouncer(session: nox.Session) -> None:
     if report.exists():
         for name, figures in json.loads(report.read_text()).items():
             session.log(f"{name}: {figures}")
+
+
+# -- Citus -------------------------------------------------------------------------------
+
+#: The shared Citus build and throwaway cluster (../shared/citus/README.md): build.sh
+#: builds Citus 13.2.2 for Debian's PostgreSQL 15 once (cached), cluster.sh starts a
+#: coordinator and two workers. The nearest ``shared/citus`` beside the checkout or one of
+#: its parents (a worktree sits a level deeper), unless ``$SQLAQ_CITUS_TOOLS`` says.
+CITUS_TOOLS = next(
+    (
+        p / "shared" / "citus"
+        for p in ROOT.parents
+        if (p / "shared" / "citus" / "build.sh").exists()
+    ),
+    ROOT.parent / "shared" / "citus",
+)
+#: Where build.sh installs Citus: a folder the ``postgres`` OS user can reach (the
+#: servers run as it when nox runs as root), so not root's ``~/.cache`` (mode 0700).
+CITUS_PREFIX = Path("/var/tmp/sqlaq-citus")  # noqa: S108 - a cache the postgres user reaches
+
+
+def _free_port_run(count: int) -> int:
+    """A port P such that P .. P+count-1 are all free on 127.0.0.1 (cluster.sh takes
+    consecutive ports)."""
+    for _ in range(200):
+        first = _free_port()
+        if first + count > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
+@contextlib.contextmanager
+def _citus_cluster(session: nox.Session, tools: Path) -> Iterator[str]:
+    """A 3-node Citus cluster (cluster.sh) in a temporary folder on free ports; yield
+    the coordinator's URL; stop it and delete the folder afterwards, whatever happened."""
+    prefix = os.environ.get("SQLAQ_CITUS_PREFIX", str(CITUS_PREFIX))
+    built = session.run(str(tools / "build.sh"), prefix, external=True, silent=True)
+    bin_dir = str(built).strip().splitlines()[-1]
+    env = {"SQLAQ_CITUS_BIN": bin_dir}
+    folder = tempfile.mkdtemp(prefix="sqlaq-citus-")
+    try:
+        started = session.run(
+            str(tools / "cluster.sh"), "start", folder, str(_free_port_run(3)),
+            external=True, silent=True, env=env,
+        )  # fmt: skip
+        yield str(started).strip().splitlines()[-1]
+    finally:
+        session.run(str(tools / "cluster.sh"), "stop", folder, external=True, env=env)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@nox.session(python=PYTHON)
+def citus(session: nox.Session) -> None:
+    """tests/process/test_citus.py on a throwaway 3-node Citus cluster.
+
+    Citus is built once by ``../shared/citus/build.sh`` (about 7 minutes the first time;
+    cached in /var/tmp/sqlaq-citus, or ``$SQLAQ_CITUS_PREFIX``; installs its apt packages
+    when missing, as root), then ``cluster.sh`` starts a coordinator and two workers on
+    free ports in a temporary folder; the tests get the coordinator's URL in
+    ``SQLAQ_CITUS_URL`` (they are skipped without it). The cluster is stopped and its
+    folder deleted afterwards, also on failure. Arguments go to pytest.
+    """
+    tools = Path(os.environ.get("SQLAQ_CITUS_TOOLS", str(CITUS_TOOLS)))
+    if not (tools / "build.sh").exists():
+        session.error(f"no Citus tools at {tools} (set SQLAQ_CITUS_TOOLS)")
+    session.install("-e", ".[test]")
+    with _citus_cluster(session, tools) as url:
+        session.log(f"Citus coordinator at {url}")
+        session.run(
+            "pytest", "-p", "no:cacheprovider", "tests/process/test_citus.py", *session.posargs,
+            env={"SQLAQ_CITUS_URL": url},
+        )  # fmt: skip

@@ -20,6 +20,7 @@ command to run), printed as one line without a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -31,7 +32,7 @@ from typing import Any, NoReturn, TextIO
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
-from sqlaq import control, migrations, ops, queries
+from sqlaq import citus, control, migrations, ops, queries
 from sqlaq.commandline import (
     EXIT_USAGE,
     CommandParser,
@@ -130,6 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", type=typed(_ID, "ID"))
     p.add_argument("--json", action="store_true", help="print JSON")
 
+    p = sub.add_parser(
+        "workflow",
+        parents=[common],
+        help="every job of a job's workflow, in dependency order (or --cancel it)",
+    )
+    p.add_argument("id", type=typed(_ID, "ID"), help="any job of the workflow")
+    p.add_argument(
+        "--limit", type=typed(_ID, "--limit"), default=200, help="at most this many (default 200)"
+    )
+    p.add_argument(
+        "--cancel", action="store_true", help="cancel its queued and running jobs instead"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+
     p = sub.add_parser("explain", parents=[common], help="why a job is not running")
     p.add_argument("id", type=typed(_ID, "ID"))
     p.add_argument(
@@ -167,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay", type=typed(Duration(), "--delay"), default=timedelta(0))
     p.add_argument("--max-attempts", type=typed(_INT4_POSITIVE, "--max-attempts"), default=5)
     p.add_argument("--dedupe-key", type=typed(Text(), "--dedupe-key"))
+    p.add_argument(
+        "--key",
+        type=typed(Text(), "--key"),
+        help="the job's key (a tenant, an account): what per-key limits and strict order "
+        "count over",
+    )
     p.add_argument(
         "--run-at",
         type=_aware_time,
@@ -210,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("workers", parents=[common], help="the workers' heartbeat rows")
     p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser(
+        "citus-distribute",
+        parents=[common],
+        help="distribute sqlaq_jobs by queue on Citus (after 'alembic upgrade heads')",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the DDL instead of running it")
 
     p = sub.add_parser("dashboard", parents=[common], help="serve the web dashboard")
     p.add_argument("--host", type=typed(Text(), "--host"), default="127.0.0.1")
@@ -467,6 +495,60 @@ def _show(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _workflow(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    if args.cancel:
+        with engine.begin() as conn:
+            exists = conn.execute(queries.get_job_stmt(job_id=args.id)).first() is not None
+            cancelled = ops.cancel_workflow(conn, args.id) if exists else []
+        if not exists:
+            print(f"sqlaq: no job {args.id}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps({"cancelled": sorted(cancelled)}), file=out)
+        else:
+            shown = ", ".join(str(i) for i in sorted(cancelled)) or "none (all finished)"
+            print(
+                f"cancelled {len(cancelled)} job(s) of job {args.id}'s workflow: {shown}", file=out
+            )
+        return 0
+    with engine.connect() as conn:
+        flow = ops.read_workflow(conn, args.id, limit=args.limit)
+    if not flow.jobs:
+        print(f"sqlaq: no job {args.id}", file=sys.stderr)
+        return 1
+    more = f"{flow.more}{'' if flow.counted_all else '+'}"
+    if args.json:
+        data = {
+            "job_id": flow.job_id,
+            "total": flow.total,
+            "more": flow.more,
+            "counted_all": flow.counted_all,
+            "jobs": [
+                {**_jsonable(dataclasses.asdict(job)), "parent_ids": list(job.parent_ids)}
+                for job in flow.jobs
+            ],
+        }
+        print(json.dumps(data, indent=2), file=out)
+        return 0
+    _print_table(
+        out,
+        ["id", "kind", "queue", "status", "after"],
+        [
+            [
+                f"{job.job_id}{' *' if job.job_id == flow.job_id else ''}",
+                job.kind,
+                job.queue,
+                "waiting" if job.waiting else job.status,
+                ", ".join(str(p) for p in job.parent_ids),
+            ]
+            for job in flow.jobs
+        ],
+    )
+    if flow.more:
+        print(f"... {more} more job(s) (--limit)", file=out)
+    return 0
+
+
 def _explain(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     registry = load_registry(args.app) if args.app else None
     with engine.connect() as conn:
@@ -678,6 +760,7 @@ def _enqueue(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
             dedupe_key=args.dedupe_key,
             run_at=args.run_at,
             timeout=args.timeout,
+            key=args.key,
             unique_for=args.unique_for,
             debounce_key=args.debounce_key,
             debounce=args.debounce,
@@ -767,6 +850,23 @@ def _dashboard(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _citus_distribute(engine: Engine, args: argparse.Namespace, out: TextIO) -> int:
+    with engine.begin() as conn:
+        found = citus.problems(conn)
+        for problem in found:
+            print(f"{PROG}: cannot distribute: {problem}", file=sys.stderr)
+        if found:
+            return 1
+        done = citus.distribute(conn, dry_run=args.dry_run)
+    if done.already:
+        print("sqlaq_jobs is already distributed by queue on Citus: nothing to do", file=out)
+    elif args.dry_run:
+        out.write("".join(f"{statement};\n" for statement in done.ddl))
+    else:
+        print(f"sqlaq_jobs distributed by queue on Citus ({len(done.ddl)} statements)", file=out)
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
     "migrate": _migrate,
     "check": _check,
@@ -774,6 +874,7 @@ _COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
     "list": _list,
     "show": _show,
     "explain": _explain,
+    "workflow": _workflow,
     "retry": _retry,
     "cancel": _cancel,
     "prune": _prune,
@@ -782,6 +883,7 @@ _COMMANDS: dict[str, Callable[[Engine, argparse.Namespace, TextIO], int]] = {
     "resume": _resume,
     "workers": _workers,
     "dashboard": _dashboard,
+    "citus-distribute": _citus_distribute,
 }
 
 

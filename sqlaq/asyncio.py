@@ -52,6 +52,7 @@ from sqlaq.drive import (
     AUTOCOMMIT,
     Copy,
     Executor,
+    PerEngine,
     Plan,
     Savepoint,
     kind_of,
@@ -81,6 +82,7 @@ __all__ = [
     "asynchronous",
     "batch",
     "cancel",
+    "cancel_workflow",
     "cancelled_among",
     "chain",
     "chord",
@@ -104,6 +106,7 @@ __all__ = [
     "pause",
     "paused_queues",
     "prune",
+    "read_workflow",
     "release_waiting",
     "result",
     "resume",
@@ -179,7 +182,20 @@ async def _special(conn: AsyncExecutor, step: Any) -> Any:
         return await _autocommit(conn)
     if isinstance(step, Copy):
         return await _copy(conn, step)
+    if isinstance(step, PerEngine):
+        return await _per_engine(conn, step)
     raise TypeError(f"a plan yielded {step!r}, which is not a step")  # pragma: no cover
+
+
+async def _per_engine(conn: AsyncExecutor, step: PerEngine) -> Any:
+    """The answer to *step* for *conn*'s engine (see :class:`sqlaq.drive.PerEngine`)."""
+    connection = conn if _is_connection(conn) else await conn.connection()
+    engine = connection.sync_engine
+    if engine in step.cache:
+        return step.cache[engine]
+    value = await _run(conn, step.plan())
+    step.cache[engine] = value
+    return value
 
 
 async def _autocommit(conn: AsyncExecutor) -> bool:
@@ -260,6 +276,8 @@ chord = asynchronous(ops.chord)
 batch = asynchronous(ops.batch)
 parent_results = asynchronous(ops.parent_results)
 release_waiting = asynchronous(ops.release_waiting)
+read_workflow = asynchronous(ops.read_workflow)
+cancel_workflow = asynchronous(ops.cancel_workflow)
 explain = asynchronous(_sync_explain)  # (sqlaq.explain, the module, is the function)
 
 

@@ -25,7 +25,9 @@ yield:
   plan to judge;
 * :data:`AUTOCOMMIT`: whether the connection is in autocommit;
 * :class:`Copy`: ``COPY`` rows into a table through the driver's own connection, in the
-  caller's transaction; the number of rows.
+  caller's transaction; the number of rows;
+* :class:`PerEngine`: what a plan of its own returns, run once per engine (its first
+  caller's connection) and cached: e.g. whether the job table is distributed on Citus.
 
 A sync operation handed an async object (and an async one handed a sync object) raises
 :class:`~sqlaq.errors.ConfigError` naming the function to use, before any SQL: both
@@ -39,7 +41,7 @@ from __future__ import annotations
 import inspect
 import re
 import sys
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
@@ -59,10 +61,12 @@ __all__ = [
     "AUTOCOMMIT",
     "Copy",
     "Executor",
+    "PerEngine",
     "Plan",
     "Savepoint",
     "kind_of",
     "operation",
+    "per_engine",
     "plan_of",
     "run",
     "schema_error",
@@ -103,6 +107,21 @@ class Copy:
     operation: str
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class PerEngine:
+    """Step: what *plan* returns, run on the caller's connection the first time an
+    engine meets this step, then read from *cache* (keyed by the sync
+    :class:`~sqlalchemy.engine.Engine`, weakly) for every connection of that engine.
+
+    Attributes:
+        plan: Makes the plan to run (statements only).
+        cache: Where the answer per engine is kept, e.g. a ``WeakKeyDictionary``.
+    """
+
+    plan: Callable[[], Plan[Any]]
+    cache: MutableMapping[Engine, Any]
+
+
 class _Autocommit:
     """Step: whether the connection is in autocommit (see :data:`AUTOCOMMIT`)."""
 
@@ -114,7 +133,7 @@ class _Autocommit:
 AUTOCOMMIT = _Autocommit()
 
 #: What a plan yields: ``(statement, params)``, or one of the step objects above.
-Step: TypeAlias = tuple[Any, Mapping[str, Any] | None] | Savepoint | Copy | _Autocommit
+Step: TypeAlias = tuple[Any, Mapping[str, Any] | None] | Savepoint | Copy | PerEngine | _Autocommit
 #: A plan: yields steps, is sent their results, returns the operation's result.
 Plan: TypeAlias = Generator[Step, Any, R]
 
@@ -246,7 +265,22 @@ def _special(conn: Executor, step: Step) -> Any:
         return autocommit(conn)
     if isinstance(step, Copy):
         return _copy(conn, step)
+    if isinstance(step, PerEngine):
+        return per_engine(conn, step)
     raise TypeError(f"a plan yielded {step!r}, which is not a step")  # pragma: no cover
+
+
+def per_engine(conn: Executor, step: PerEngine) -> Any:
+    """The answer to *step* for *conn*'s engine: cached, or found by running its plan on
+    *conn* (see :class:`PerEngine`)."""
+    engine = conn.engine if isinstance(conn, Connection) else conn.connection().engine
+    try:
+        return step.cache[engine]
+    except KeyError:
+        pass
+    value = run(conn, step.plan())
+    step.cache[engine] = value
+    return value
 
 
 def autocommit(conn: Executor) -> bool:

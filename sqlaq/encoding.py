@@ -67,6 +67,7 @@ __all__ = [
     "check_dedupe_key",
     "check_duration",
     "check_int",
+    "check_key",
     "check_name",
     "check_payload",
     "check_text",
@@ -148,6 +149,18 @@ def check_name(field_name: str, value: object) -> str:
             f"{field_name} is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}"
         )
     return check_text(field_name, value)
+
+
+def check_key(value: object) -> str:
+    """Return *value* if it is a usable job ``key`` (a tenant, an account), else raise.
+
+    Raises:
+        InvalidJobError: not a str, empty or blank, longer than 255 characters, or
+            holding NUL or a lone surrogate.
+    """
+    if not isinstance(value, str):
+        raise InvalidJobError(f"key must be a str or None, got {type(value).__name__}")
+    return check_name("key", value)
 
 
 def check_int(field_name: str, value: object, low: int, high: int) -> int:
@@ -483,6 +496,8 @@ class NewJob:
             in the past is due at once.
         timeout: This job's attempt timeout, over its handler's ``timeout=`` (a
             positive timedelta of at most 100 years); None: the handler's.
+        key: What per-key limits and strict order count over: a tenant, an account,
+            a resource (1 to 255 characters); None: no key. See ``docs/how-to/tenants.md``.
 
     Raises:
         InvalidJobError: any field is unusable; the message names it and the fix.
@@ -497,6 +512,7 @@ class NewJob:
     dedupe_key: str | None = None
     run_at: datetime | None = None
     timeout: timedelta | None = None
+    key: str | None = None
     payload_json: str = field(init=False, repr=False, compare=False)
 
     # Written out, not generated: a frozen dataclass's __init__ sets each field through
@@ -514,17 +530,21 @@ class NewJob:
         dedupe_key: str | None = None,
         run_at: datetime | None = None,
         timeout: timedelta | None = None,
+        key: str | None = None,
     ) -> None:
-        kind_, payload_, queue_, priority_, delay_, attempts_, key_, at_, timeout_ = _SETTERS
+        (kind_, payload_, queue_, priority_, delay_, attempts_, dedupe_, at_, timeout_, key_) = (
+            _SETTERS
+        )
         kind_(self, kind)
         payload_(self, {} if payload is _NO_PAYLOAD or payload is None else payload)
         queue_(self, queue)
         priority_(self, priority)
         delay_(self, delay)
         attempts_(self, max_attempts)
-        key_(self, dedupe_key)
+        dedupe_(self, dedupe_key)
         at_(self, run_at)
         timeout_(self, timeout)
+        key_(self, key)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -549,6 +569,8 @@ class NewJob:
                 raise InvalidJobError("pass delay or run_at, not both")
         if self.timeout is not None:
             check_duration("timeout", self.timeout, allow_zero=False)
+        if self.key is not None:
+            check_key(self.key)
         object.__setattr__(self, "payload_json", check_payload_size(encode_payload(self.payload)))
 
     def with_payloads(self, payloads: Iterable[Mapping[str, Any]]) -> JobBatch:

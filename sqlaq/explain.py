@@ -13,6 +13,8 @@ alerts) and one line for people. What it reads, all through :mod:`sqlaq.queries`
 * with the application's registry (limits live there, not in the database): its kind
   has no handler, is at its concurrency limit (counting live leases as the limited
   claim does), or its rate window is full (from the kind's start log, ``sqlaq_rates``);
+  for a job with a key: its key is at the kind's ``key_concurrency``, or (an ``ordered``
+  kind) an earlier job of its key is queued, running or failed;
 * ``sqlaq_workers``: no worker serving its queue has been seen lately;
 * a failed or cancelled job whose dedupe key another pending job holds (a retry leaves
   it alone);
@@ -65,6 +67,8 @@ class ReasonCode(enum.StrEnum):
     NO_HANDLER = "no_handler"  # the registry has no handler for its kind
     CONCURRENCY = "concurrency"  # its kind is at its concurrency limit
     RATE = "rate"  # its kind's rate window is full
+    KEY_LIMIT = "key_limit"  # its key is at its kind's key_concurrency
+    KEY_ORDER = "key_order"  # an earlier job of its key goes first (ordered kinds)
     NO_WORKER = "no_worker"  # no worker serving its queue was seen lately
     WAITING = "waiting"  # due, nothing holds it back: waiting for a claim
 
@@ -223,11 +227,13 @@ def _limits(job: Any, now: datetime, registry: Registry) -> Plan[list[Reason]]:
                 "worker with this registry fails the job at once",
             )
         ]
+    reasons: list[Reason] = []
+    if handler.keyed and job.key is not None:
+        reasons += yield from _key_limits(job, handler.key_concurrency or 1, handler.ordered)
     if handler.concurrency is None and handler.rate is None:
-        return []
+        return reasons
     stmt = queries.kind_limit_state_stmt(kind=job.kind, rate=handler.rate)
     state = (yield stmt, None).one()
-    reasons: list[Reason] = []
     if handler.concurrency is not None and state.running >= handler.concurrency:
         reasons.append(
             Reason(
@@ -245,6 +251,35 @@ def _limits(job: Any, now: datetime, registry: Registry) -> Plan[list[Reason]]:
                 f"its kind {job.kind!r} used its rate ({rate.count} per "
                 f"{rate.period.total_seconds():g}s): the window is full until "
                 f"{_when(until, now)}",
+            )
+        )
+    return reasons
+
+
+def _key_limits(job: Any, cap: int, ordered: bool) -> Plan[list[Reason]]:
+    stmt = queries.key_state_stmt(kind=job.kind, key=job.key, job_id=job.id)
+    state = (yield stmt, None).one()
+    reasons: list[Reason] = []
+    if ordered and state.earlier_id is not None:
+        fix = ""
+        if state.earlier_status == JobStatus.FAILED:
+            fix = (
+                f": it failed for good and holds the key until it is retried ('sqlaq retry "
+                f"{state.earlier_id}') or deleted"
+            )
+        reasons.append(
+            Reason(
+                ReasonCode.KEY_ORDER,
+                f"behind an earlier job of its key {job.key!r} (id {state.earlier_id}, "
+                f"{state.earlier_status}){fix}",
+            )
+        )
+    if state.running >= cap:
+        reasons.append(
+            Reason(
+                ReasonCode.KEY_LIMIT,
+                f"waiting: key {job.key!r} at its limit ({state.running} running, "
+                f"key_concurrency {cap})",
             )
         )
     return reasons

@@ -22,6 +22,9 @@ class Lease:
         token: The claim's token, written to ``lease_token``.
         attempt: The attempt this claim started (``attempts`` after the claim).
         expires_at: The lease's end in the database's clock, as last known here.
+        queue: The job's queue (None: not known, a lease made by hand). On Citus, where
+            the job table is distributed by queue, a fenced update names it (see
+            :mod:`sqlaq.citus`).
     """
 
     job_id: int
@@ -29,3 +32,4 @@ class Lease:
     token: UUID
     attempt: int
     expires_at: datetime
+    queue: str | None = None

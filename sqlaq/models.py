@@ -27,6 +27,7 @@ from sqlaq.encoding import (
     check_dedupe_key,
     check_duration,
     check_int,
+    check_key,
     check_name,
     check_run_at,
     encode_payload,
@@ -36,6 +37,13 @@ from sqlaq.errors import InvalidJobError
 from sqlaq.schema import jobs, metadata
 
 _INT4_MAX = 2_147_483_647
+
+
+_WORKFLOW_ERROR = (
+    "Job({what}=...) is not supported: enqueue a job that waits for others with "
+    "sqlaq.enqueue(session, kind, payload, after=[ids], on_parent_failure=...) (or "
+    "sqlaq.chain/group/chord/batch), in the same session and transaction"
+)
 
 
 class _Base(DeclarativeBase):
@@ -57,7 +65,18 @@ class Job(_Base):
     workflows (``after=``, :func:`sqlaq.chain` and the other shapes).
 
     ``timeout`` (a positive ``timedelta``, at most 100 years) is this job's attempt
-    timeout, over its handler's (see "Timeouts" in the README).
+    timeout, over its handler's (see "Timeouts" in the README). ``key`` (1 to 255
+    characters) is what per-key limits and strict order count over (see
+    ``docs/how-to/tenants.md``).
+
+    A job that waits for others is enqueued with ``sqlaq.enqueue(session, kind,
+    payload, after=[ids])`` (or a shape: :func:`sqlaq.chain`...), which runs in the
+    session's transaction too: ``Job(after=...)``, and setting ``parent_ids``,
+    ``has_dependents`` or ``on_parent_failure``, raise
+    :class:`~sqlaq.errors.InvalidJobError` at once. A waiting job needs its parents
+    flagged and locked before its INSERT and an edge row per parent after it; a
+    plain INSERT of ``parent_ids`` would make a job that runs at once and that no
+    parent releases.
     """
 
     __table__ = jobs
@@ -89,17 +108,28 @@ class Job(_Base):
     #: This job's attempt timeout, over its handler's; None: the handler's.
     timeout: Mapped[timedelta | None]
     #: Another job waits for this one (set by ``enqueue(..., after=...)`` and the
-    #: workflow shapes; read-only here).
+    #: workflow shapes; read-only here, like the two below).
     has_dependents: Mapped[bool]
     #: What this job does when a parent fails: ``cancel`` (None), ``run`` or ``fail``.
     on_parent_failure: Mapped[str | None]
     #: The jobs this one was enqueued to wait for, or None.
     parent_ids: Mapped[list[int] | None]
+    #: The job's key (a tenant, an account): what its handler's ``key_concurrency``
+    #: and ``ordered`` count over; None: no key.
+    key: Mapped[str | None]
 
     def __init__(self, **kwargs: Any) -> None:
         if "kind" not in kwargs:
             raise InvalidJobError("Job needs a kind: Job(kind='send_email', payload={...})")
+        if "after" in kwargs:
+            raise InvalidJobError(_WORKFLOW_ERROR.format(what="after"))
         super().__init__(**kwargs)
+
+    @validates("parent_ids", "has_dependents", "on_parent_failure")
+    def _refuse_workflow(self, key: str, value: Any) -> Any:
+        if value is not None and value is not False:
+            raise InvalidJobError(_WORKFLOW_ERROR.format(what=key))
+        return value
 
     @validates("run_at")
     def _validate_run_at(self, key: str, value: Any) -> Any:
@@ -133,6 +163,10 @@ class Job(_Base):
     @validates("dedupe_key")
     def _validate_dedupe_key(self, key: str, value: str | None) -> str | None:
         return None if value is None else check_dedupe_key(value)
+
+    @validates("key")
+    def _validate_key(self, key: str, value: str | None) -> str | None:
+        return None if value is None else check_key(value)
 
     @validates("timeout")
     def _validate_timeout(self, key: str, value: timedelta | None) -> timedelta | None:

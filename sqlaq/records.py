@@ -1,8 +1,8 @@
 """The small frozen values every floor passes around: what an enqueue did
 (:class:`EnqueueResult`), a claimed job (:class:`ClaimedJob`), a limited claim
 (:class:`LimitedClaim`), what a prune did (:class:`PruneResult`), what a retry did
-(:class:`RetryResult`, :class:`SkippedRetry`), a paused queue (:class:`PausedQueue`) and a
-worker's heartbeat (:class:`WorkerInfo`).
+(:class:`RetryResult`, :class:`SkippedRetry`), a paused queue (:class:`PausedQueue`) a
+worker's heartbeat (:class:`WorkerInfo`), and a workflow's jobs (:class:`WorkflowJobs`).
 
 The ground floor: it imports nothing of sqlaq but :mod:`sqlaq.lease`, so the context,
 the outcome, the registry, tracing and the worker can name these types without
@@ -108,13 +108,15 @@ class LimitedClaim:
 
     Attributes:
         jobs: The claimed jobs.
-        full: The kind's concurrency limit is reached: claim it again once a job of
-            it ends (or at the next poll, for jobs other workers run).
+        full: The kind's concurrency limit is reached, or (a keyed kind) some key was
+            at its ``key_concurrency`` when the claim took fewer jobs than it could:
+            claim it again once a job of it ends (or at the next poll, for jobs other
+            workers run).
         rate_wait: The rate may be holding jobs back: how long until it lets the next
             one start. None when the rate is not what stopped the claim.
 
-    Both are False/None when the claim took fewer jobs than the limits allowed: then
-    nothing more of the kind was due.
+    Both are False/None when the claim took fewer jobs than the limits allowed and no
+    key was full: then nothing more of the kind was due.
     """
 
     jobs: list[ClaimedJob]
@@ -262,6 +264,57 @@ class Workflow:
 
     job_ids: tuple[int, ...]
     callback_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowJob:
+    """One job of a workflow, as :func:`sqlaq.read_workflow` reads it.
+
+    Attributes:
+        job_id: The job.
+        kind: Its kind.
+        queue: Its queue.
+        status: Its status (a :class:`~sqlaq.JobStatus` value).
+        parent_ids: Every parent it was enqueued to wait for, in the order given
+            (empty for a root).
+        waiting: Whether it is queued and still waits for a parent (held, not due).
+        finished_at: When it finished, or None.
+    """
+
+    job_id: int
+    kind: str
+    queue: str
+    status: str
+    parent_ids: tuple[int, ...]
+    waiting: bool
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowJobs:
+    """A workflow read from one of its jobs (:func:`sqlaq.read_workflow`).
+
+    Attributes:
+        job_id: The job it was read from.
+        jobs: Its jobs in dependency order (by id: a parent before its children), at
+            most the ``limit`` asked, the nearest to *job_id* first when cut; empty
+            when no job has the id *job_id*.
+        total: How many jobs the workflow has, counted up to a bound
+            (:attr:`counted_all` says whether it was reached).
+        counted_all: False when the count stopped at its bound: ``total`` is then
+            "at least".
+    """
+
+    job_id: int
+    jobs: tuple[WorkflowJob, ...]
+    total: int
+    counted_all: bool
+
+    @property
+    def more(self) -> int:
+        """How many jobs of the workflow are not in :attr:`jobs` (at least, when not
+        :attr:`counted_all`)."""
+        return self.total - len(self.jobs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,6 +95,16 @@ class HandlerOptions(TypedDict, total=False):
             then is not written. A sync handler that returns after its deadline
             has timed out all the same, never done; a transactional one has its
             transaction rolled back.
+        key_concurrency: At most this many jobs of one key (``enqueue(...,
+            key=...)``: a tenant, an account) of the kind run at once across every
+            worker, enforced by the database at claim time like *concurrency*; other
+            keys keep flowing while one is full. Jobs without a key are not limited
+            by it.
+        ordered: Strict order per key: the jobs of one key of the kind run one at a
+            time, in enqueue order. A job waits while an earlier job of its key is
+            queued (a retry's wait holds the line), running, or failed for good: a
+            failed job holds its key until it is retried or deleted (see
+            ``docs/how-to/tenants.md``). Implies ``key_concurrency=1``.
     """
 
     max_attempts: int
@@ -105,6 +115,8 @@ class HandlerOptions(TypedDict, total=False):
     rate: Rate | str | None
     transaction: bool | None
     timeout: timedelta | None
+    key_concurrency: int | None
+    ordered: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +139,9 @@ class Handler:
             the job's completion (see :meth:`Registry.handler`).
         takes_session: It declares a ``session`` parameter, passed by keyword.
         timeout: How long one attempt may run, or None for no limit.
+        key_concurrency: At most this many jobs of one key run at once across all
+            workers, or None for no per-key limit (1 when *ordered*).
+        ordered: The jobs of one key run one at a time, in enqueue order.
     """
 
     kind: str
@@ -141,11 +156,20 @@ class Handler:
     transaction: bool = False
     takes_session: bool = False
     timeout: timedelta | None = None
+    key_concurrency: int | None = None
+    ordered: bool = False
 
     @property
     def limited(self) -> bool:
-        """True when the kind has a concurrency limit or a rate."""
-        return self.concurrency is not None or self.rate is not None
+        """True when the kind has a concurrency limit, a rate, or a per-key limit:
+        its jobs are claimed under its lock (:func:`sqlaq.claim_limited`)."""
+        return self.concurrency is not None or self.rate is not None or self.keyed
+
+    @property
+    def keyed(self) -> bool:
+        """True when the kind limits its jobs per key (``key_concurrency`` or
+        ``ordered``)."""
+        return self.key_concurrency is not None
 
     def retry_in(self, attempt: int, error: BaseException) -> timedelta | None:
         """The delay before retrying after *error* ended attempt number *attempt*.
@@ -196,7 +220,8 @@ class Registry:
             kind: The job kind, as enqueued.
             **options: The kind's options, each described in :class:`HandlerOptions`:
                 ``max_attempts``, ``lease``, ``retry``, ``wait``, ``concurrency``,
-                ``rate``, ``transaction``, ``timeout``.
+                ``rate``, ``transaction``, ``timeout``, ``key_concurrency``,
+                ``ordered``.
 
         Raises:
             ConfigError: the kind is not a usable name or is already registered, or an
@@ -356,6 +381,13 @@ class Registry:
         }
         takes_session = _takes_session(func)
         resolved["transaction"] = _check_transaction(kind, given.get("transaction"), takes_session)
+        if resolved["ordered"]:
+            if resolved["key_concurrency"] not in (None, 1):
+                raise ConfigError(
+                    f"{kind!r} is ordered: one job of a key runs at a time, so "
+                    f"key_concurrency must be 1 or left out, got {resolved['key_concurrency']!r}"
+                )
+            resolved["key_concurrency"] = 1
         entry = Handler(
             kind=kind,
             func=func,
@@ -484,6 +516,20 @@ def _check_concurrency(kind: str, value: object) -> int | None:
     return value
 
 
+def _check_key_concurrency(kind: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"key_concurrency of {kind!r} must be an int >= 1 or None, got {value!r}")
+    return value
+
+
+def _check_ordered(kind: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"ordered of {kind!r} must be a bool, got {value!r}")
+    return value
+
+
 def _check_rate(kind: str, value: object) -> Rate | None:
     if value is None or isinstance(value, Rate):
         return value
@@ -554,4 +600,6 @@ _OPTIONS: dict[str, tuple[object, Callable[[str, Any], object]]] = {
     "rate": (None, _check_rate),
     "transaction": (None, _no_check),
     "timeout": (None, _check_timeout),
+    "key_concurrency": (None, _check_key_concurrency),
+    "ordered": (False, _check_ordered),
 }

@@ -48,6 +48,8 @@ from sqlaq.dsn import connection_params
 from sqlaq.encoding import check_duration, encode_value
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
 from sqlaq.lease import Lease
+from sqlaq.ops._citus import DISTRIBUTED, by_queue
+from sqlaq.queries import citus as citus_queries
 from sqlaq.schema import FINISH_CHANNEL, FINISHED_STATUSES, JobStatus
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
 
@@ -88,6 +90,8 @@ _NIL = Lease(0, UUID(int=0), UUID(int=0), 0, datetime.min)
 # Built once; each call passes its own values as execution parameters (the rule of hot
 # statements in sqlaq.queries).
 _COMPLETE_RESULT = queries.complete_result_stmt(lease=_NIL, result_json="null")
+
+_CITUS_COMPLETE_RESULT = citus_queries.citus_complete_result_stmt()
 _OUTCOME = queries.job_outcome_stmt(job_id=0)
 _WATCH = queries.watch_job_stmt(job_id=0)
 
@@ -192,7 +196,11 @@ def complete_with_result(
             f"{type(result_json).__name__}"
         )
     params = queries.complete_result_params(lease=lease, result_json=result_json)
-    if (yield _COMPLETE_RESULT, params).first() is not None:
+    stmt = _COMPLETE_RESULT
+    if (yield DISTRIBUTED):
+        (queue,) = by_queue([lease], "complete_with_result")
+        stmt, params = _CITUS_COMPLETE_RESULT, params | {"b_queue": queue}
+    if (yield stmt, params).first() is not None:
         return True
     if raise_on_lost:
         raise LeaseLostError([lease.job_id])

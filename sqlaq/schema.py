@@ -46,6 +46,12 @@ Design decisions written down here:
   ``sqlaq_release`` for each child still waiting, and whoever hears it checks again
   after commit (the last committer's check sees every delete); the maintenance leader
   sweeps what a lost notification left.
+* Keys (sqlaq_0007): a job may carry a ``key`` (a tenant, an account). A kind with a
+  per-key limit (``key_concurrency``) or strict order per key (``ordered``) is claimed
+  under its kind lock like any limited kind: the live leases are counted per key from
+  the running index, and the key index (``kind, key, id`` over queued, running and
+  failed keyed rows) answers "is an earlier job of this key still pending or failed?"
+  in one probe. Jobs without a key, and kinds without key limits, never read it.
 * Status literals in predicates are inlined, never bound: a prepared ``ON CONFLICT ...
   WHERE status IN ($1, $2)`` stops matching the partial index once PostgreSQL switches
   to a generic plan.
@@ -90,6 +96,7 @@ UNIQUE_HOLDS_TABLE = "sqlaq_unique_holds"
 DEBOUNCE_INDEX = "sqlaq_jobs_debounce_idx"
 DEPS_TABLE = "sqlaq_job_deps"
 WAITING_INDEX = "sqlaq_jobs_waiting_idx"
+KEY_INDEX = "sqlaq_jobs_key_idx"
 DEPS_FUNCTION = "sqlaq_jobs_settle_children"
 DEPS_TRIGGER = "sqlaq_jobs_deps_trg"
 #: The NOTIFY channel of waiting jobs whose parent finished while they kept a parent
@@ -128,6 +135,9 @@ DEBOUNCE_SQL = "status = 'queued' AND attempted_at IS NULL AND debounce_key IS N
 #: Queued jobs with parents: the waiting ones among them have ``run_at`` at
 #: WAITING_RUN_AT (the rest were released and are due).
 WAITING_SQL = "status = 'queued' AND parent_ids IS NOT NULL"
+#: Jobs of a key that are queued, running or failed for good: what strict order per key
+#: looks for before a job (an earlier one of its key holds it back).
+KEY_SQL = "key IS NOT NULL AND status IN ('queued', 'running', 'failed')"
 #: A waiting job's ``run_at``: later than any an enqueue accepts (encoding.MAX_RUN_AT),
 #: so never due, yet readable by Python (``'infinity'`` is not).
 WAITING_RUN_AT = "9999-01-01 00:00:00+00"
@@ -137,7 +147,7 @@ WAITING_FROM = "9900-01-01 00:00:00+00"
 
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 5
-#: Longest accepted ``kind`` or ``queue`` (characters).
+#: Longest accepted ``kind``, ``queue`` or job ``key`` (characters).
 MAX_NAME_LENGTH = 255
 #: Longest accepted ``dedupe_key`` (UTF-8 bytes): (kind, dedupe_key) must fit a btree entry.
 MAX_DEDUPE_KEY_BYTES = 1000
@@ -217,6 +227,9 @@ jobs = Table(
     Column("has_dependents", Boolean, nullable=False, server_default=text("false")),
     Column("on_parent_failure", Text),
     Column("parent_ids", ARRAY(BigInteger)),
+    # Keys (sqlaq_0007): the job's key (a tenant, an account), what per-key limits and
+    # strict order per key count over; NULL: none.
+    Column("key", Text),
     CheckConstraint(
         "status IN ('queued', 'running', 'done', 'failed', 'cancelled')", name="status"
     ),
@@ -247,6 +260,7 @@ jobs = Table(
         postgresql_where=text(DEBOUNCE_SQL),
     ),
     Index(WAITING_INDEX, "id", postgresql_where=text(WAITING_SQL)),
+    Index(KEY_INDEX, "kind", "key", "id", postgresql_where=text(KEY_SQL)),
 )
 
 #: The recent starts of each rate-limited kind (a sliding-window log, at most the rate's

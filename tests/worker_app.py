@@ -140,6 +140,24 @@ def video(payload: dict[str, Any]) -> None:
     record("end")
 
 
+@registry.handler("tenant_job", key_concurrency=2)
+def tenant_job(payload: dict[str, Any]) -> None:
+    """At most two of one key at once across every worker: record start and end around a
+    sleep of ``payload['seconds']``."""
+    record("start")
+    time.sleep(payload["seconds"])
+    record("end")
+
+
+@registry.handler("account_op", ordered=True)
+def account_op(payload: dict[str, Any]) -> None:
+    """One of a key at a time, in enqueue order: record start and end around a sleep of
+    ``payload['seconds']``."""
+    record("start")
+    time.sleep(payload["seconds"])
+    record("end")
+
+
 @registry.handler("rated", rate="5/s")
 def rated(payload: dict[str, Any]) -> None:
     """At most five starts a second across every worker: record the run."""

@@ -14,8 +14,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Row
+from sqlalchemy.exc import OperationalError
 
-from sqlaq import control, queries
+from sqlaq import control, ops, queries
 from sqlaq.registry import Registry
 from sqlaq.schema import FINISHED_STATUSES, JobStatus
 
@@ -28,6 +29,7 @@ __all__ = [
     "Overview",
     "Schedule",
     "Workers",
+    "WorkflowDrawing",
     "failure_groups",
     "job",
     "job_value",
@@ -35,6 +37,7 @@ __all__ = [
     "overview",
     "schedules",
     "workers",
+    "workflow",
 ]
 
 #: The plots' time ranges (hours) and the bucket of each: at most 180 points a series.
@@ -227,7 +230,125 @@ def job(conn: Connection, job_id: int) -> dict[str, Any] | None:
         text, cut = _shown(data.pop(head), indent=indent)
         data[f"{name}_text"], data[f"{name}_cut"] = text, cut
     data["finished"] = data["status"] in FINISHED_STATUSES
+    in_workflow = data.pop("has_dependents") or data["parent_ids"] is not None
+    data["workflow"] = _bounded_workflow(conn, job_id) if in_workflow else None
     return data
+
+
+#: How long a job's page waits for its workflow's walk (``statement_timeout``): an
+#: old workflow in a large table is slow to walk (see docs/how-to/workflows.md); the
+#: page then says so instead of hanging.
+WORKFLOW_TIMEOUT = "2s"
+_QUERY_CANCELED = "57014"
+
+
+def _bounded_workflow(conn: Connection, job_id: int) -> WorkflowDrawing | str:
+    """:func:`workflow`, or ``"timeout"`` if the walk took more than
+    :data:`WORKFLOW_TIMEOUT` (in a savepoint: the page's other reads stand)."""
+    try:
+        with conn.begin_nested():
+            conn.execute(queries.set_setting_stmt(name="statement_timeout", value=WORKFLOW_TIMEOUT))
+            drawing = workflow(conn, job_id)
+            conn.execute(queries.set_setting_stmt(name="statement_timeout", value="0"))
+            return drawing
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != _QUERY_CANCELED:
+            raise
+        return "timeout"
+
+
+#: Jobs of a workflow a job's page draws at most (the nearest to the job); the rest
+#: are counted.
+WORKFLOW_SHOWN = 60
+# The drawing's geometry (SVG user units): a node's box, the gaps between layers
+# (columns, left to right: parents before children) and between nodes of a layer.
+_NODE_W, _NODE_H, _GAP_X, _GAP_Y, _PAD = 168, 40, 56, 14, 8
+_LABEL = 18  # characters of a kind shown in a node (all of it in the node's title)
+
+
+@dataclass(frozen=True)
+class WorkflowNode:
+    """A job drawn in a workflow: its box's top-left corner and what it says."""
+
+    job_id: int
+    kind: str
+    label: str
+    status: str
+    parent_ids: tuple[int, ...]
+    x: int
+    y: int
+    current: bool
+
+
+@dataclass(frozen=True)
+class WorkflowDrawing:
+    """A job's workflow as its page draws it (an SVG made on the server, and a table).
+
+    Attributes:
+        nodes: The jobs shown, in dependency order; ``status`` reads ``waiting`` for a
+            queued job still held for a parent.
+        edges: ``(x1, y1, x2, y2)``: from a parent's box (right edge) to its child's
+            (left edge), for each pair of jobs shown.
+        width, height: The drawing's size.
+        more: Jobs of the workflow not shown; ``more_exact`` False: at least that many.
+        node_width, node_height: A node's box.
+    """
+
+    nodes: list[WorkflowNode]
+    edges: list[tuple[int, int, int, int]]
+    width: int
+    height: int
+    more: int
+    more_exact: bool
+    node_width: int = _NODE_W
+    node_height: int = _NODE_H
+
+
+def workflow(conn: Connection, job_id: int) -> WorkflowDrawing:
+    """Job *job_id*'s workflow, laid out in layers: a job's layer is one more than its
+    deepest parent's among the jobs shown (the roots first), its place in the layer
+    its order by id."""
+    found = ops.read_workflow(conn, job_id, limit=WORKFLOW_SHOWN)
+    layer: dict[int, int] = {}
+    for job in found.jobs:  # by id: every parent shown comes before its children
+        layer[job.job_id] = 1 + max((layer[p] for p in job.parent_ids if p in layer), default=-1)
+    rows: dict[int, int] = {}
+    place: dict[int, tuple[int, int]] = {}
+    for job in found.jobs:
+        column = layer[job.job_id]
+        row = rows.get(column, 0)
+        rows[column] = row + 1
+        place[job.job_id] = (
+            _PAD + column * (_NODE_W + _GAP_X),
+            _PAD + row * (_NODE_H + _GAP_Y),
+        )
+    nodes = [
+        WorkflowNode(
+            job_id=job.job_id,
+            kind=job.kind,
+            label=job.kind if len(job.kind) <= _LABEL else job.kind[: _LABEL - 1] + "\u2026",
+            status="waiting" if job.waiting else job.status,
+            parent_ids=job.parent_ids,
+            x=place[job.job_id][0],
+            y=place[job.job_id][1],
+            current=job.job_id == job_id,
+        )
+        for job in found.jobs
+    ]
+    edges = [
+        (
+            place[parent][0] + _NODE_W,
+            place[parent][1] + _NODE_H // 2,
+            place[job.job_id][0],
+            place[job.job_id][1] + _NODE_H // 2,
+        )
+        for job in found.jobs
+        for parent in job.parent_ids
+        if parent in place
+    ]
+    width = 2 * _PAD + (max(rows, default=0) + 1) * (_NODE_W + _GAP_X) - _GAP_X
+    height = 2 * _PAD + max(rows.values(), default=0) * (_NODE_H + _GAP_Y) - _GAP_Y
+    return WorkflowDrawing(nodes, edges, width, height, found.more, found.counted_all)
 
 
 def _shown(head: str | None, *, indent: bool) -> tuple[str | None, bool]:

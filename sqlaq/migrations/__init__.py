@@ -34,6 +34,7 @@ from sqlaq.schema import (
     DEDUPE_INDEX,
     DEPS_TABLE,
     FINISHED_INDEX,
+    KEY_INDEX,
     PAUSED_TABLE,
     PERIODIC_TABLE,
     RATES_TABLE,
@@ -92,7 +93,15 @@ _OWN_TABLES = frozenset(
     }
 )
 _OWN_INDEXES = frozenset(
-    {CLAIM_INDEX, DEDUPE_INDEX, FINISHED_INDEX, RUNNING_INDEX, DEBOUNCE_INDEX, WAITING_INDEX}
+    {
+        CLAIM_INDEX,
+        DEDUPE_INDEX,
+        FINISHED_INDEX,
+        RUNNING_INDEX,
+        DEBOUNCE_INDEX,
+        WAITING_INDEX,
+        KEY_INDEX,
+    }
 )
 
 
@@ -124,7 +133,7 @@ def standalone_config(url: str | None = None, *, connection: Connection | None =
 
 
 def head_revision() -> str:
-    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0006"`` (:data:`HEAD`)."""
+    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0007"`` (:data:`HEAD`)."""
     return HEAD
 
 

@@ -108,6 +108,12 @@ EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
         "CREATE INDEX sqlaq_jobs_waiting_idx ON sqlaq_jobs USING btree (id) "
         "WHERE ((status = 'queued'::text) AND (parent_ids IS NOT NULL))",
     ),
+    "sqlaq_jobs_key_idx": (
+        TABLE_NAME,
+        "CREATE INDEX sqlaq_jobs_key_idx ON sqlaq_jobs USING btree (kind, key, id) "
+        "WHERE ((key IS NOT NULL) AND (status = ANY (ARRAY['queued'::text, 'running'::text, "
+        "'failed'::text])))",
+    ),
     "sqlaq_job_deps_child_id_idx": (
         DEPS_TABLE,
         "CREATE INDEX sqlaq_job_deps_child_id_idx ON sqlaq_job_deps USING btree "

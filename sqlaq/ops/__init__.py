@@ -12,8 +12,8 @@ Every operation on a job, in lifecycle order, each written once as a plan (see
 * :mod:`~sqlaq.ops.operators`: :func:`pause`, :func:`resume`, :func:`paused_queues`,
   :func:`list_workers`, :func:`notify_queues`;
 * :mod:`~sqlaq.ops.workflows`: :func:`chain`, :func:`group`, :func:`chord`,
-  :func:`batch`, :func:`parent_results`, :func:`release_waiting` (and ``enqueue(...,
-  after=...)``).
+  :func:`batch`, :func:`parent_results`, :func:`release_waiting`,
+  :func:`read_workflow`, :func:`cancel_workflow` (and ``enqueue(..., after=...)``).
 
 The values they return (:class:`ClaimedJob`, :class:`EnqueueResult`, ...) live in
 :mod:`sqlaq.records` and are importable here too.
@@ -44,7 +44,16 @@ from sqlaq.ops.enqueuing import enqueue, enqueue_copy, enqueue_many
 from sqlaq.ops.operators import list_workers, notify_queues, pause, paused_queues, resume
 from sqlaq.ops.retention import cancel, cancelled_among, prune, retry, sweep
 from sqlaq.ops.settling import MAX_ERROR_LENGTH, complete, extend_lease, fail, handback, snooze
-from sqlaq.ops.workflows import batch, chain, chord, group, parent_results, release_waiting
+from sqlaq.ops.workflows import (
+    batch,
+    cancel_workflow,
+    chain,
+    chord,
+    group,
+    parent_results,
+    read_workflow,
+    release_waiting,
+)
 from sqlaq.records import (
     ClaimedJob,
     EnqueueOutcome,
@@ -57,6 +66,8 @@ from sqlaq.records import (
     SkippedRetry,
     WorkerInfo,
     Workflow,
+    WorkflowJob,
+    WorkflowJobs,
 )
 
 __all__ = [
@@ -75,8 +86,11 @@ __all__ = [
     "SkippedRetry",
     "WorkerInfo",
     "Workflow",
+    "WorkflowJob",
+    "WorkflowJobs",
     "batch",
     "cancel",
+    "cancel_workflow",
     "cancelled_among",
     "chain",
     "chord",
@@ -96,6 +110,7 @@ __all__ = [
     "pause",
     "paused_queues",
     "prune",
+    "read_workflow",
     "release_waiting",
     "resume",
     "retry",

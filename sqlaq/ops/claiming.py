@@ -7,12 +7,12 @@ import threading
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from sqlalchemy import ColumnElement
 
 from sqlaq import queries
-from sqlaq.drive import AUTOCOMMIT, Plan, operation
+from sqlaq.drive import AUTOCOMMIT, Plan, operation, plan_of
 from sqlaq.encoding import (
     check_duration,
     check_name,
@@ -21,8 +21,10 @@ from sqlaq.encoding import (
 from sqlaq.errors import ConfigError, InvalidJobError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
+from sqlaq.ops._citus import DISTRIBUTED
 from sqlaq.ops._common import _NIL, DEFAULT_LEASE, _check_positive
 from sqlaq.queries import FULL_CLAIM, ClaimPosition
+from sqlaq.queries import citus as citus_queries
 from sqlaq.records import ClaimedJob, LimitedClaim
 from sqlaq.schema import (
     DEFAULT_QUEUE,
@@ -49,6 +51,29 @@ _LOCK_KIND = queries.lock_kind_stmt(kind="_")
 _KIND_STATE = queries.kind_limit_state_stmt(kind="_", rate=None)
 
 _RECORD_STARTS = queries.record_starts_stmt(kind="_", rate=Rate(1, DEFAULT_LEASE), started=1)
+
+_KEY_RUNNING = queries.key_running_stmt(kind="_")
+
+_CLAIM_IDS = queries.claim_stmt(
+    queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, kind="_", ids=True
+)
+
+_KEYED_CANDIDATES = queries.keyed_candidates_stmt(ordered=False)
+
+_ORDERED_CANDIDATES = queries.keyed_candidates_stmt(ordered=True)
+
+# The claims of a job table distributed on Citus (router statements, see
+# sqlaq.queries.citus): plain, excluding kinds, one kind's.
+_CITUS_CLAIM = citus_queries.citus_claim_stmt()
+
+_CITUS_CLAIM_EXCLUDING = citus_queries.citus_claim_stmt(exclude_kinds=True)
+
+_CITUS_CLAIM_KIND = citus_queries.citus_claim_stmt(kind=True)
+
+_CITUS_CLAIM_IDS = citus_queries.citus_claim_stmt(kind=True, ids=True)
+
+# Strict order per key on Citus: within the queue (one shard's read).
+_CITUS_ORDERED_CANDIDATES = queries.keyed_candidates_stmt(ordered=True, per_queue=True)
 
 
 @operation
@@ -90,6 +115,17 @@ def claim(
     """
     _check_claim(worker_id, queue, limit, lease)
     kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
+    if (yield DISTRIBUTED):
+        params = citus_queries.citus_claim_params(
+            queue=queue, worker_id=worker_id, limit=limit, lease=lease, token=uuid4().hex,
+            exclude_kinds=kinds,
+        )  # fmt: skip
+        if _narrows(where):
+            stmt = _narrowed_claim(where, "citus-excluding" if kinds else "citus")
+        else:
+            stmt = _CITUS_CLAIM_EXCLUDING if kinds else _CITUS_CLAIM
+        claimed = yield stmt, params
+        return _claimed(claimed.all(), worker_id, lease)
     params = queries.claim_params(
         queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=kinds
     )
@@ -114,11 +150,22 @@ def claim_bounded(
     """The worker's claim: :func:`claim` starting after the claim index's position
     *after* (None: from the queue's first entry), see :func:`sqlaq.queries.claim_stmt`
     (``bounded``). A plan, run by the worker's fetcher (not an operation of the API).
+    On a job table distributed on Citus it is :func:`claim` itself (no position).
 
     Returns the claimed jobs, and the position of the last job the claim took (its
     ``run_at`` as it was before the claim; a job it marked failed counts), where the
     next claim may start; None when it took none.
     """
+    if (yield DISTRIBUTED):  # on Citus, the plain claim's shape: no bound (yet)
+        jobs = yield from plan_of(claim)(
+            worker_id=worker_id,
+            queue=queue,
+            limit=limit,
+            lease=lease,
+            exclude_kinds=exclude_kinds,
+            where=where,
+        )
+        return jobs, None
     _check_claim(worker_id, queue, limit, lease)
     kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
     params = queries.claim_params(
@@ -141,10 +188,16 @@ def claim_bounded(
     return _claimed([row[:-3] for row in rows], worker_id, lease), position
 
 
+def _narrows(where: Any) -> bool:
+    return where is not None and not (isinstance(where, Sequence) and not where)
+
+
 # Narrowed claims, by the identity of their clause(s) and their variant ("": plain,
-# "excluding": excluding kinds, "kind": one kind's, "bounded" and "bounded-excluding":
-# the worker's bounded claims). Each entry keeps its clauses alive, so an id cannot be
-# reused while it is cached.
+# "excluding": excluding kinds, "kind": one kind's, "keyed"/"ordered": a keyed kind's
+# candidates; "citus", "citus-excluding", "citus-kind", "citus-ordered": the same on a
+# job table distributed on Citus; "bounded", "bounded-excluding": the worker's bounded
+# claims). Each entry keeps its
+# clauses alive, so an id cannot be reused while it is cached.
 _NARROWED: dict[tuple[tuple[int, ...], str], tuple[tuple[object, ...], Any]] = {}
 
 _NARROWED_MAX = 64
@@ -153,21 +206,35 @@ _NARROWED_LOCK = threading.Lock()
 
 
 def _narrowed_claim(where: Any, variant: str) -> Any:
+    """The claim (or, for the variants "keyed" and "ordered", the keyed candidates'
+    select) narrowed by *where*, cached by the clauses' identity."""
     clauses = tuple(where) if isinstance(where, Sequence) else (where,)
     key = (tuple(map(id, clauses)), variant)
     cached = _NARROWED.get(key)
     if cached is not None and all(a is b for a, b in zip(cached[0], clauses, strict=True)):
         return cached[1]
-    stmt = queries.claim_stmt(
-        queue="_",
-        worker_id=_NIL,
-        limit=1,
-        lease=DEFAULT_LEASE,
-        kind="_" if variant == "kind" else None,
-        exclude_kinds=["_"] if variant in ("excluding", "bounded-excluding") else (),
-        where=list(clauses),
-        bounded=variant in ("bounded", "bounded-excluding"),
-    )
+    stmt: Any
+    if variant in ("citus", "citus-excluding", "citus-kind"):  # distributed on Citus
+        stmt = citus_queries.citus_claim_stmt(
+            kind=variant == "citus-kind",
+            exclude_kinds=variant == "citus-excluding",
+            where=list(clauses),
+        )
+    elif variant in ("keyed", "ordered", "citus-ordered"):
+        stmt = queries.keyed_candidates_stmt(
+            ordered=variant != "keyed", where=list(clauses), per_queue=variant == "citus-ordered"
+        )
+    else:
+        stmt = queries.claim_stmt(
+            queue="_",
+            worker_id=_NIL,
+            limit=1,
+            lease=DEFAULT_LEASE,
+            kind="_" if variant == "kind" else None,
+            exclude_kinds=["_"] if variant in ("excluding", "bounded-excluding") else (),
+            where=list(clauses),
+            bounded=variant in ("bounded", "bounded-excluding"),
+        )
     with _NARROWED_LOCK:  # worker threads claim at once
         if len(_NARROWED) >= _NARROWED_MAX:
             _NARROWED.pop(next(iter(_NARROWED)))  # the oldest entry
@@ -186,6 +253,8 @@ def claim_limited(
     concurrency: int | None = None,
     rate: Rate | str | None = None,
     where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+    key_concurrency: int | None = None,
+    ordered: bool = False,
 ) -> Plan[LimitedClaim]:
     """Claim due jobs of one *kind* of *queue* within the kind's global limits.
 
@@ -195,6 +264,17 @@ def claim_limited(
     start log, claims what the limits allow (up to *limit*), and logs the new starts
     (see :mod:`sqlaq.limits`). Jobs held back stay queued and keep their attempts.
 
+    Per key (the job's ``key``, set at enqueue): with *key_concurrency*, at most that
+    many jobs of one key of *kind* hold a live lease at once; with *ordered* (strict
+    order per key), the jobs of one key run one at a time, in enqueue order (by id),
+    and a job waits while an earlier job of its key is queued (due or not: one waiting
+    for its retry holds the line), running, or failed: a job that failed for good holds
+    its key until it is retried (it then runs again, first) or deleted. Jobs without a
+    key are limited by the kind's limits only. Under the same lock, the claim reads the
+    live leases per key (the running index: running rows only), picks the due jobs in
+    claim order that their keys allow (a few rows at a time, leaving out full keys),
+    and claims those by id.
+
     It must run in a transaction (not in autocommit): the lock is held until the caller
     commits, and the next claim of the kind waits for it. Commit at once.
 
@@ -203,8 +283,9 @@ def claim_limited(
     a job of the kind running elsewhere, matching or not, holds one of its slots.
 
     Raises:
-        ConfigError: *limit* or *concurrency* is not a positive int, *rate* is not
-            a rate, or *where* not a clause over ``sqlaq.jobs``.
+        ConfigError: *limit*, *concurrency* or *key_concurrency* is not a positive int,
+            *ordered* with a *key_concurrency* other than 1, *rate* is not a rate, or
+            *where* not a clause over ``sqlaq.jobs``.
         InvalidJobError: *lease* is not a positive timedelta of at most 100 years, or
             *queue* or *kind* is not a name.
     """
@@ -217,10 +298,23 @@ def claim_limited(
         )
     if concurrency is not None:
         _check_positive("concurrency", concurrency)
+    if key_concurrency is not None:
+        _check_positive("key_concurrency", key_concurrency)
+    if ordered:
+        if key_concurrency not in (None, 1):
+            raise ConfigError(
+                f"ordered runs one job of a key at a time: key_concurrency must be 1 or None, "
+                f"got {shown(key_concurrency)}"
+            )
+        key_concurrency = 1
     if isinstance(rate, str):
         rate = Rate.parse(rate)
-    narrowed = where is not None and not (isinstance(where, Sequence) and not where)
-    stmt = _narrowed_claim(where, "kind") if narrowed else _CLAIM_KIND
+    citus = yield DISTRIBUTED
+    narrowed = _narrows(where)
+    if narrowed:
+        stmt = _narrowed_claim(where, "citus-kind" if citus else "kind")
+    else:
+        stmt = _CITUS_CLAIM_KIND if citus else _CLAIM_KIND
     yield _LOCK_KIND, {"b_kind": kind}
     state = yield _KIND_STATE, queries.kind_limit_state_params(kind=kind, rate=rate)
     running, recent, pivot, now = state.one()
@@ -234,17 +328,90 @@ def claim_limited(
         now=now,
     )
     jobs: list[ClaimedJob] = []
-    if allowed.count:
-        params = queries.claim_params(
-            queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
+    keys_full = False
+    if allowed.count and key_concurrency is not None:
+        variant = ("citus-ordered" if citus else "ordered") if ordered else "keyed"
+        if narrowed:
+            select_ = _narrowed_claim(where, variant)
+        elif ordered:
+            select_ = _CITUS_ORDERED_CANDIDATES if citus else _ORDERED_CANDIDATES
+        else:
+            select_ = _KEYED_CANDIDATES
+        picked, keys_full = yield from _pick_keyed(
+            select_, kind=kind, queue=queue, wanted=allowed.count, cap=key_concurrency
         )
+        if picked and citus:
+            params = citus_queries.citus_claim_params(
+                queue=queue, worker_id=worker_id, limit=len(picked), lease=lease,
+                token=uuid4().hex, kind=kind, ids=picked,
+            )  # fmt: skip
+            jobs = _claimed((yield _CITUS_CLAIM_IDS, params).all(), worker_id, lease)
+        elif picked:
+            params = queries.claim_params(
+                queue=queue,
+                worker_id=worker_id,
+                limit=len(picked),
+                lease=lease,
+                kind=kind,
+                ids=picked,
+            )
+            jobs = _claimed((yield _CLAIM_IDS, params).all(), worker_id, lease)
+    elif allowed.count:
+        if citus:
+            params = citus_queries.citus_claim_params(
+                queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease,
+                token=uuid4().hex, kind=kind,
+            )  # fmt: skip
+        else:
+            params = queries.claim_params(
+                queue=queue, worker_id=worker_id, limit=allowed.count, lease=lease, kind=kind
+            )
         claimed_rows = yield stmt, params
         jobs = _claimed(claimed_rows.all(), worker_id, lease)
     if rate is not None and jobs:
         yield _RECORD_STARTS, queries.record_starts_params(kind=kind, rate=rate, started=len(jobs))
     if len(jobs) < allowed.count:
-        return LimitedClaim(jobs)  # nothing more is due: no limit held anything back
+        # Nothing more is due, or the due jobs' keys are at their limit: a job of the
+        # kind that ends (or the next poll) may free one.
+        return LimitedClaim(jobs, keys_full)
     return LimitedClaim(jobs, allowed.full, allowed.rate_wait)
+
+
+def _pick_keyed(
+    select_: Any, *, kind: str, queue: str, wanted: int, cap: int
+) -> Plan[tuple[list[int], bool]]:
+    """The ids of up to *wanted* due jobs of a keyed *kind* that their keys allow (at
+    most *cap* live leases per key), in claim order; and whether a key was at its cap.
+
+    Run under the kind's lock. Each round asks for as many candidates as are still
+    wanted, leaving out the keys already full and the jobs picked; a round that takes
+    fewer than it read filled a key, so the next one leaves that key out: at most one
+    round per key filled, plus one.
+    """
+    rows = yield _KEY_RUNNING, {"b_kind": kind}
+    room = {key: cap - running for key, running in rows.all()}
+    full = sorted(key for key, left in room.items() if left <= 0)
+    picked: list[int] = []
+    while len(picked) < wanted:
+        asked = wanted - len(picked)
+        params = queries.keyed_candidates_params(
+            queue=queue, kind=kind, limit=asked, full_keys=full, picked=picked
+        )
+        candidates = (yield select_, params).all()
+        for job_id, key in candidates:
+            if key is None:
+                picked.append(job_id)
+                continue
+            left = room.get(key, cap)
+            if left <= 0:
+                continue  # filled by this round
+            picked.append(job_id)
+            room[key] = left - 1
+            if left == 1:
+                full.append(key)
+        if len(candidates) < asked:
+            break  # nothing more is due
+    return picked, bool(full)
 
 
 def _check_claim(worker_id: UUID, queue: str, limit: int, lease: timedelta) -> None:
@@ -285,7 +452,7 @@ def _claimed(rows: Sequence[Any], worker_id: UUID, lease: timedelta) -> list[Cla
             attempts,
             max_attempts,
             created_at,
-            new_lease(job_id, worker_id, token, attempts, run_at),
+            new_lease(job_id, worker_id, token, attempts, run_at, queue_),
             run_at - lease,
             headers,
             timeout,
@@ -324,15 +491,23 @@ _CLAIMED_SETTERS = slot_setters(ClaimedJob)
 _LEASE_SETTERS = slot_setters(Lease)
 
 
-def _new_lease(job_id: int, worker_id: UUID, token: UUID, attempt: int, expires: Any) -> Lease:
+def _new_lease(
+    job_id: int,
+    worker_id: UUID,
+    token: UUID,
+    attempt: int,
+    expires: Any,
+    queue: str | None = None,
+) -> Lease:
     """``Lease(...)``, faster (see :func:`~sqlaq.encoding.slot_setters`)."""
-    set_id, set_worker, set_token, set_attempt, set_expires = _LEASE_SETTERS
+    set_id, set_worker, set_token, set_attempt, set_expires, set_queue = _LEASE_SETTERS
     lease = object.__new__(Lease)
     set_id(lease, job_id)
     set_worker(lease, worker_id)
     set_token(lease, token)
     set_attempt(lease, attempt)
     set_expires(lease, expires)
+    set_queue(lease, queue)
     return lease
 
 

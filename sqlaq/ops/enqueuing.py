@@ -16,9 +16,11 @@ from sqlaq.encoding import (
     check_duration,
     slot_setters,
 )
-from sqlaq.errors import InvalidJobError
+from sqlaq.errors import ConfigError, InvalidJobError
+from sqlaq.ops._citus import DISTRIBUTED
 from sqlaq.ops._common import DEFAULT_LEASE
 from sqlaq.ops._links import check_after, check_policy, link, mark_parents
+from sqlaq.queries import citus as citus_queries
 from sqlaq.queries.columns import copy_row
 from sqlaq.records import EnqueueOutcome, EnqueueResult
 from sqlaq.schema import (
@@ -37,6 +39,16 @@ _DEDUPE_ROUNDS = 5
 _ENQUEUE = queries.enqueue_stmt(job=NewJob("_"))
 
 _ENQUEUE_DEDUPE = queries.enqueue_stmt(job=NewJob("_", dedupe_key="_"))
+
+# On Citus: ON CONFLICT names the per-queue dedupe index; the twin is looked up in the
+# job's queue.
+_CITUS_ENQUEUE_DEDUPE = queries.enqueue_stmt(job=NewJob("_", dedupe_key="_"), per_queue=True)
+
+_CITUS_FIND_TWIN = citus_queries.citus_find_pending_duplicate_stmt()
+
+_CITUS_ENQUEUE_DEBOUNCE = queries.debounce_enqueue_stmt(
+    job=NewJob("_"), debounce_key="_", debounce=DEFAULT_LEASE, per_queue=True
+)
 
 _ENQUEUE_DEBOUNCE = queries.debounce_enqueue_stmt(
     job=NewJob("_"), debounce_key="_", debounce=DEFAULT_LEASE
@@ -59,6 +71,7 @@ def enqueue(
     dedupe_key: str | None = None,
     run_at: datetime | None = None,
     timeout: timedelta | None = None,
+    key: str | None = None,
     unique_for: timedelta | None = None,
     debounce_key: str | None = None,
     debounce: timedelta | None = None,
@@ -86,6 +99,8 @@ def enqueue(
         run_at: Run no sooner than this aware ``datetime`` (instead of *delay*; a naive
             one is refused).
         timeout: This job's attempt timeout, over its handler's ``timeout=``.
+        key: The job's key (a tenant, an account, a resource): what its handler's
+            ``key_concurrency`` and ``ordered`` count over (1 to 255 characters).
         unique_for: With *dedupe_key*: no second job of ``(kind, dedupe_key)`` within
             this long after this one's enqueue, whatever its status by then (done,
             failed, cancelled included); a refused enqueue is ``HELD`` and reports the
@@ -124,6 +139,7 @@ def enqueue(
         dedupe_key=dedupe_key,
         run_at=run_at,
         timeout=timeout,
+        key=key,
     )
     debounced = debounce is not None or debounce_key is not None or max_wait is not None
     if debounced:
@@ -132,34 +148,76 @@ def enqueue(
         check_duration("unique_for", unique_for, allow_zero=False)
         if job.dedupe_key is None:
             raise InvalidJobError("unique_for needs a dedupe_key: the key it holds")
+    citus = yield DISTRIBUTED
+    if citus:
+        _citus_check(unique_for=unique_for, after=after)
+        if max_wait is not None:
+            raise ConfigError(
+                "enqueue(max_wait=...) is not supported on Citus (sqlaq_jobs is distributed): "
+                "the cap reads the queued job's created_at in ON CONFLICT ... DO UPDATE, where "
+                "Citus takes only IMMUTABLE functions; debounce without max_wait works"
+            )
     if after is not None:
         return (yield from _enqueue_after(job, after, on_parent_failure, debounced, unique_for))
     # The enqueuer's trace context (sqlaq[otel]), linked from each attempt's span.
     params = queries.enqueue_params(job, headers=tracing.capture())
     if debounced:
         params |= {"b_debounce_key": debounce_key, "b_debounce": debounce, "b_max_wait": max_wait}
-        job_id, updated = (yield _ENQUEUE_DEBOUNCE, params).one()
+        upsert = _CITUS_ENQUEUE_DEBOUNCE if citus else _ENQUEUE_DEBOUNCE
+        job_id, updated = (yield upsert, params).one()
         return EnqueueResult(
             job_id, outcome=EnqueueOutcome.DEBOUNCED if updated else EnqueueOutcome.INSERTED
         )
     if job.dedupe_key is None:
         inserted = yield _ENQUEUE, params
+        if citus:
+            yield from _citus_wake([job])
         return EnqueueResult(inserted.scalar_one())
     if unique_for is not None:
         return (yield from _enqueue_unique(job.kind, job.dedupe_key, params, unique_for))
     for _ in range(_DEDUPE_ROUNDS):
-        inserted = yield _ENQUEUE_DEDUPE, params
+        inserted = yield (_CITUS_ENQUEUE_DEDUPE if citus else _ENQUEUE_DEDUPE), params
         job_id = inserted.scalar_one_or_none()
         if job_id is not None:
+            if citus:
+                yield from _citus_wake([job])
             return EnqueueResult(job_id)
-        find = queries.find_pending_duplicate_stmt(kind=job.kind, dedupe_key=job.dedupe_key)
-        twin = (yield find, None).scalar_one_or_none()
+        if citus:
+            find, values = (
+                _CITUS_FIND_TWIN,
+                {"b_queue": job.queue, "b_kind": job.kind, "b_dedupe_key": job.dedupe_key},
+            )
+        else:
+            find = queries.find_pending_duplicate_stmt(kind=job.kind, dedupe_key=job.dedupe_key)
+            values = None
+        twin = (yield find, values).scalar_one_or_none()
         if twin is not None:
             return EnqueueResult(twin, duplicate=True)
     raise RuntimeError(  # pragma: no cover - needs a pathological race to reach
         f"could not enqueue {kind!r} with dedupe_key {dedupe_key!r}: its pending twin kept "
         "changing; try again"
     )
+
+
+def _citus_check(*, unique_for: timedelta | None, after: object) -> None:
+    """Refuse, on a job table distributed on Citus, what enqueue cannot do there yet."""
+    what = why = None
+    if unique_for is not None:
+        what, why = "unique_for", "its hold lives in sqlaq_unique_holds, a coordinator table"
+    elif after is not None:
+        what, why = "after", "workflows need the dependency trigger, refused on a distributed table"
+    if why is not None:
+        raise ConfigError(
+            f"enqueue({what}=...) is not supported on Citus (sqlaq_jobs is distributed): {why}"
+        )
+
+
+def _citus_wake(jobs: Iterable[NewJob]) -> Plan[None]:
+    """Wake the workers of the queues of *jobs* due now, on Citus, where no trigger does:
+    a NOTIFY statement of its own, on the coordinator, sent when the caller commits."""
+    queues = sorted({job.queue for job in jobs if not job.delay and job.run_at is None})
+    if queues:
+        (yield queries.notify_queues_stmt(queues=queues), None).all()
 
 
 def _enqueue_after(
@@ -253,7 +311,7 @@ def _enqueue_unique(
 
 # What jobs of enqueue_many's common batch share: all but the payload (no dedupe key).
 _SHAPE = operator.attrgetter(
-    "queue", "kind", "priority", "delay", "max_attempts", "dedupe_key", "run_at", "timeout"
+    "queue", "kind", "priority", "delay", "max_attempts", "dedupe_key", "run_at", "timeout", "key"
 )
 
 _SHAPE_DEDUPE_KEY = 5
@@ -298,13 +356,31 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
         # Checked and encoded when it was made: one statement, no NewJob built.
         if not jobs:
             return []
-        return (yield from _enqueue_uniform(jobs.template, jobs.payloads_json, len(jobs)))
+        done = yield from _enqueue_uniform(jobs.template, jobs.payloads_json, len(jobs))
+        if (yield DISTRIBUTED):
+            yield from _citus_wake([jobs.template])
+        return done
     batch = list(jobs)
     for index, job in enumerate(batch):
         if not isinstance(job, NewJob):
             raise InvalidJobError(f"jobs[{index}] must be a sqlaq.NewJob, got {type(job).__name__}")
     if not batch:
         return []
+    if (yield DISTRIBUTED):
+        if any(job.dedupe_key is not None for job in batch):
+            raise ConfigError(
+                "enqueue_many with dedupe keys is not supported on Citus (sqlaq_jobs is "
+                "distributed): keys are unique per queue there, and a batch's duplicates are "
+                "resolved across queues; enqueue those jobs one by one"
+            )
+        done = yield from _enqueue_many(batch, per_queue=True)
+        yield from _citus_wake(batch)
+        return done
+    return (yield from _enqueue_many(batch))
+
+
+def _enqueue_many(batch: list[NewJob], *, per_queue: bool = False) -> Plan[list[EnqueueResult]]:
+    """enqueue_many's insert of checked, non-empty *batch* (*per_queue*: on Citus)."""
     shape = _SHAPE(batch[0])
     if shape[_SHAPE_DEDUPE_KEY] is None and all(map(shape.__eq__, map(_SHAPE, batch))):
         # The common batch: jobs that differ only in their payload, none with a dedupe
@@ -313,7 +389,8 @@ def enqueue_many(jobs: Iterable[NewJob]) -> Plan[list[EnqueueResult]]:
         return (yield from _enqueue_uniform(batch[0], payloads_json, len(batch)))
     headers = tracing.capture()
     # Identity values are drawn in input order, so sorted ids line up with the input.
-    inserted = yield queries.enqueue_many_stmt(jobs_=batch, headers=headers), None
+    stmt = queries.enqueue_many_stmt(jobs_=batch, headers=headers, per_queue=per_queue)
+    inserted = yield stmt, None
     rows = sorted(inserted.all(), key=lambda r: r[0])
     inserted = iter(rows)
     results: list[EnqueueResult | None] = []
@@ -392,4 +469,6 @@ def enqueue_copy(jobs: Iterable[NewJob]) -> Plan[int]:
         queries.enqueue_copy_stmt(), jobs_table.name, queries.COPY_COLUMNS, rows, "enqueue_copy"
     )
     written: int = yield copy
+    if (yield DISTRIBUTED):
+        yield from _citus_wake(batch)
     return written

@@ -15,7 +15,9 @@ from sqlaq.encoding import (
     check_duration,
 )
 from sqlaq.errors import ConfigError, shown
+from sqlaq.ops._citus import DISTRIBUTED
 from sqlaq.ops._common import DEFAULT_PRUNE_BATCH, _check_positive, _ids
+from sqlaq.queries import citus as citus_queries
 from sqlaq.records import PruneResult, RetryResult, SkippedRetry
 from sqlaq.schema import (
     FINISHED_STATUSES,
@@ -50,7 +52,25 @@ def retry(job_ids: int | Iterable[int]) -> Plan[RetryResult]:
     ids = _ids(job_ids)
     if not ids:
         return RetryResult()
-    outcome = yield Savepoint(queries.retry_stmt(job_ids=ids))
+    if (yield DISTRIBUTED):
+        # Queue by queue: find each job's queue (every shard, no lock), then retry.
+        found = yield _CITUS_LOCATE_FINISHED, {"b_ids": ids}
+        by_queue: dict[str, list[int]] = {}
+        for job_id, queue in found.all():
+            by_queue.setdefault(queue, []).append(job_id)
+        retried: list[int] = []
+        skipped: list[SkippedRetry] = []
+        for queue, queued_ids in by_queue.items():
+            one = yield from _retry(queued_ids, queue)
+            retried.extend(one)
+            skipped.extend(one.skipped)
+        return RetryResult(sorted(retried), sorted(skipped, key=lambda s: s.job_id))
+    return (yield from _retry(ids, None))
+
+
+def _retry(ids: list[int], queue: str | None) -> Plan[RetryResult]:
+    """retry of *ids* (of *queue* only, on Citus)."""
+    outcome = yield Savepoint(queries.retry_stmt(job_ids=ids, queue=queue))
     if not isinstance(outcome, DBAPIError):
         return _retried(outcome)
     if _sqlstate(outcome) != _UNIQUE_VIOLATION:
@@ -58,7 +78,7 @@ def retry(job_ids: int | Iterable[int]) -> Plan[RetryResult]:
     retried: list[int] = []
     skipped: list[SkippedRetry] = []
     for job_id in sorted(set(ids)):
-        one = yield from _retry_one(job_id)
+        one = yield from _retry_one(job_id, queue)
         retried.extend(one)
         skipped.extend(one.skipped)
     return RetryResult(retried, skipped)
@@ -69,11 +89,11 @@ def retry(job_ids: int | Iterable[int]) -> Plan[RetryResult]:
 _RETRY_ROUNDS = 3
 
 
-def _retry_one(job_id: int) -> Plan[RetryResult]:
+def _retry_one(job_id: int, queue: str | None) -> Plan[RetryResult]:
     """Retry one job in a savepoint; skip it if its key stays taken by jobs enqueued
     meanwhile (or by a job this transaction's snapshot cannot see)."""
     for _ in range(_RETRY_ROUNDS):
-        outcome = yield Savepoint(queries.retry_stmt(job_ids=[job_id]))
+        outcome = yield Savepoint(queries.retry_stmt(job_ids=[job_id], queue=queue))
         if not isinstance(outcome, DBAPIError):
             return _retried(outcome)
         if _sqlstate(outcome) != _UNIQUE_VIOLATION:
@@ -119,7 +139,30 @@ def cancel(job_ids: int | Iterable[int]) -> Plan[list[int]]:
     ids = _ids(job_ids)
     if not ids:
         return []
+    if (yield DISTRIBUTED):
+        return (yield from _citus_cancel(ids))
     return list((yield queries.cancel_stmt(job_ids=ids), None).scalars())
+
+
+def _citus_cancel(ids: list[int]) -> Plan[list[int]]:
+    """cancel on Citus: find each pending job's queue (every shard, no lock), cancel them
+    queue by queue (a router statement that locks and checks again), then tell the
+    workers of the running ones from the coordinator."""
+    found = (yield citus_queries.citus_locate_stmt(), {"b_ids": ids}).all()
+    by_queue: dict[str, list[int]] = {}
+    for job_id, queue in found:
+        by_queue.setdefault(queue, []).append(job_id)
+    cancelled: list[int] = []
+    running: list[str] = []
+    for queue, queued_ids in by_queue.items():
+        rows = yield _CITUS_CANCEL, {"b_queue": queue, "b_ids": queued_ids}
+        for job_id, was in rows.all():
+            cancelled.append(job_id)
+            if was == JobStatus.RUNNING:
+                running.append(str(job_id))
+    if running:
+        (yield _CITUS_NOTIFY_CANCEL, {"b_ids": running}).all()
+    return sorted(cancelled)
 
 
 @operation
@@ -146,8 +189,35 @@ def sweep(*, limit: int = DEFAULT_PRUNE_BATCH) -> Plan[int]:
         ConfigError: *limit* is not a positive int.
     """
     _check_positive("limit", limit)
+    if (yield DISTRIBUTED):
+        found = yield citus_queries.citus_expired_stmt(), {"b_limit": limit}
+        return (yield from _per_queue(found.all(), _CITUS_SWEEP, {}))
     return len((yield queries.sweep_stmt(limit=limit), None).all())
 
+
+def _per_queue(found: Any, stmt: Any, params: dict[str, Any]) -> Plan[int]:
+    """Run *stmt* (bound by ``b_queue`` and ``b_ids``) for the ``(id, queue)`` rows
+    *found*, one queue at a time (a router statement each, on Citus); rows changed."""
+    by_queue: dict[str, list[int]] = {}
+    for job_id, queue in found:
+        by_queue.setdefault(queue, []).append(job_id)
+    changed = 0
+    for queue, ids in by_queue.items():
+        rows = yield stmt, params | {"b_queue": queue, "b_ids": ids}
+        changed += len(rows.all())
+    return changed
+
+
+# On Citus (sqlaq_jobs distributed by queue): one queue at a time.
+_CITUS_CANCEL = citus_queries.citus_cancel_stmt()
+
+_CITUS_LOCATE_FINISHED = citus_queries.citus_locate_stmt(pending=False)
+
+_CITUS_NOTIFY_CANCEL = citus_queries.citus_notify_cancel_stmt()
+
+_CITUS_SWEEP = citus_queries.citus_sweep_stmt()
+
+_CITUS_PRUNE = citus_queries.citus_prune_stmt()
 
 # A reference committed after a prune's snapshot can still fail its foreign-key check
 # (which looks at the latest rows); the batch is then tried again, this many times.
@@ -196,12 +266,24 @@ def prune(
             )
         wanted.add(value)
     _check_positive("limit", limit)
+    if (yield DISTRIBUTED):
+        # No host foreign key references a distributed table: nothing to spare.
+        which = {"b_older_than": older_than, "b_statuses": sorted(wanted)}
+        found = yield citus_queries.citus_prunable_stmt(), which | {"b_limit": limit}
+        return PruneResult((yield from _per_queue(found.all(), _CITUS_PRUNE, which)))
     keys = yield queries.blocking_references_stmt(), None
     spare = [queries.Reference(*row) for row in keys]
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit, spare=spare)
+    # The statement spares an unfinished workflow's jobs through a recursive read whose
+    # estimate (never its cost: it runs only when a workflow job is met) would make
+    # PostgreSQL JIT-compile every batch (30 ms to 0.3 s): JIT off, then back.
+    was = (yield queries.set_setting_stmt(name="jit", value="off"), None).scalar_one()
     if not spare:
-        return PruneResult(_rowcount((yield stmt, None)))
+        deleted = _rowcount((yield stmt, None))
+        yield queries.set_setting_stmt(name="jit", value=was), None
+        return PruneResult(deleted)
     deleted = yield from _delete_around_references(stmt)
+    yield queries.set_setting_stmt(name="jit", value=was), None
     if deleted >= limit:
         return PruneResult(deleted)
     count = queries.count_referenced_stmt(

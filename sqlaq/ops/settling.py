@@ -17,7 +17,9 @@ from sqlaq.encoding import (
 )
 from sqlaq.errors import ConfigError
 from sqlaq.lease import Lease
+from sqlaq.ops._citus import DISTRIBUTED, by_queue
 from sqlaq.ops._common import _NIL_LEASE, DEFAULT_LEASE, _as_leases, _check_lost
+from sqlaq.queries import citus as citus_queries
 from sqlaq.schema import (
     JobStatus,
 )
@@ -34,6 +36,17 @@ _FAIL = queries.fail_stmt(lease=_NIL_LEASE, error="", retry_in=None)
 _HANDBACK = queries.handback_stmt(leases=[])
 
 _SNOOZE = queries.snooze_stmt(leases=[], delay=timedelta(0))
+
+# On Citus (sqlaq_jobs distributed by queue): the same, for the leases of one queue.
+_CITUS_EXTEND = citus_queries.citus_extend_lease_stmt()
+
+_CITUS_COMPLETE = citus_queries.citus_complete_stmt()
+
+_CITUS_FAIL = citus_queries.citus_fail_stmt()
+
+_CITUS_HANDBACK = citus_queries.citus_handback_stmt()
+
+_CITUS_SNOOZE = citus_queries.citus_snooze_stmt()
 
 
 @operation
@@ -79,12 +92,18 @@ def extend_lease(
 def _extend(held: list[Lease], length: timedelta, raise_on_lost: bool) -> Plan[list[Lease]]:
     if not held:
         return []
-    params = queries.fence_params(held) | {"b_lease": length}
-    extended = yield _EXTEND, params
-    ends: dict[int, datetime] = dict(extended.all())
+    ends: dict[int, datetime] = {}
+    if (yield DISTRIBUTED):
+        for queue, group in by_queue(held, "extend_lease").items():
+            params = queries.fence_params(group) | {"b_lease": length, "b_queue": queue}
+            ends.update((yield _CITUS_EXTEND, params).all())
+    else:
+        params = queries.fence_params(held) | {"b_lease": length}
+        extended = yield _EXTEND, params
+        ends.update(extended.all())
     _check_lost(held, ends, raise_on_lost)
     return [
-        Lease(h.job_id, h.worker_id, h.token, h.attempt, ends[h.job_id])
+        Lease(h.job_id, h.worker_id, h.token, h.attempt, ends[h.job_id], h.queue)
         for h in held
         if h.job_id in ends
     ]
@@ -101,7 +120,7 @@ def complete(leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True) -> 
         LeaseLostError: a lease was lost and *raise_on_lost* is true; the other jobs of
             the call were marked done all the same.
     """
-    return (yield from _fenced(_COMPLETE, leases, raise_on_lost))
+    return (yield from _fenced(_COMPLETE, leases, raise_on_lost, citus=_CITUS_COMPLETE))
 
 
 def _fenced(
@@ -109,11 +128,29 @@ def _fenced(
     leases: Lease | Iterable[Lease],
     raise_on_lost: bool,
     params: Mapping[str, Any] | None = None,
+    *,
+    citus: Any,
+    notify: bool = False,
 ) -> Plan[list[int]]:
-    """Run a fenced statement that returns the ids it changed, over *leases*."""
+    """Run a fenced statement that returns the ids it changed, over *leases*; on Citus,
+    *citus* (its router shape) once per queue, and with *notify* a wake-up of the queues
+    whose jobs it changed (a statement of its own, on the coordinator)."""
     held = _as_leases(leases)
     if not held:
         return []
+    if (yield DISTRIBUTED):
+        changed: set[int] = set()
+        woken = []
+        for queue, group in by_queue(held, "a fenced update").items():
+            values = queries.fence_params(group) | dict(params or {}) | {"b_queue": queue}
+            ids = {row[0] for row in (yield citus, values)}
+            changed |= ids
+            if ids:
+                woken.append(queue)
+        if notify and woken:
+            (yield queries.notify_queues_stmt(queues=woken), None).all()
+        _check_lost(held, changed, raise_on_lost)
+        return [h.job_id for h in held if h.job_id in changed]
     values = queries.fence_params(held) | dict(params or {})
     # Rows, not .scalars(): a ScalarResult rebuilds the result's metadata on each call.
     changed = {row[0] for row in (yield stmt, values)}
@@ -147,7 +184,11 @@ def fail(
         check_duration("retry_in", retry_in)
     error = _clean_error(error)
     params = queries.fail_params(lease=lease, error=error, retry_in=retry_in)
-    row = (yield _FAIL, params).first()
+    if (yield DISTRIBUTED):
+        (queue,) = by_queue([lease], "fail")
+        row = (yield _CITUS_FAIL, params | {"b_queue": queue}).first()
+    else:
+        row = (yield _FAIL, params).first()
     if row is None:
         _check_lost([lease], (), raise_on_lost)
         return None
@@ -190,7 +231,9 @@ def snooze(
     if not isinstance(delay, timedelta) or delay < timedelta(0):
         check_duration("delay", delay)  # raises, naming what was wrong
     delay = clamp_duration(delay)
-    return (yield from _fenced(_SNOOZE, leases, raise_on_lost, {"b_delay": delay}))
+    return (
+        yield from _fenced(_SNOOZE, leases, raise_on_lost, {"b_delay": delay}, citus=_CITUS_SNOOZE)
+    )
 
 
 @operation
@@ -210,4 +253,6 @@ def handback(leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True) -> 
         LeaseLostError: a lease was lost and *raise_on_lost* is true; the other jobs of
             the call were handed back all the same.
     """
-    return (yield from _fenced(_HANDBACK, leases, raise_on_lost))
+    return (
+        yield from _fenced(_HANDBACK, leases, raise_on_lost, citus=_CITUS_HANDBACK, notify=True)
+    )

@@ -8,14 +8,17 @@ or not at all.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from sqlaq import queries
 from sqlaq.drive import Plan, operation, plan_of
 from sqlaq.encoding import NewJob
 from sqlaq.errors import InvalidJobError
+from sqlaq.ops._citus import DISTRIBUTED, refuse
+from sqlaq.ops._common import _check_positive
 from sqlaq.ops._links import RELEASE_BATCH, check_after, check_policy, link, mark_parents
 from sqlaq.ops.enqueuing import enqueue_many
-from sqlaq.records import ParentResult, Workflow
+from sqlaq.records import ParentResult, Workflow, WorkflowJob, WorkflowJobs
 from sqlaq.schema import JobStatus
 
 
@@ -39,6 +42,13 @@ def _check_job(job: object, what: str) -> NewJob:
     return job
 
 
+# Why workflows refuse on Citus.
+_NO_TRIGGER = (
+    "a parent's dependency trigger releases its children, and Citus refuses triggers on a "
+    "distributed table"
+)
+
+
 def _shape(
     jobs: Sequence[NewJob],
     edges: Sequence[tuple[int, int]],
@@ -50,6 +60,7 @@ def _shape(
     (indexes) wait for *after* too. Returns the jobs' ids, in order."""
     policy = check_policy(on_parent_failure)
     external = check_after(after) if after is not None else []
+    yield from refuse("workflows", _NO_TRIGGER)
     statuses = yield from mark_parents(external)
     if not jobs:
         return []
@@ -225,6 +236,8 @@ def release_waiting(
     Returns:
         The ids of the jobs released (now due).
     """
+    if (yield DISTRIBUTED):
+        return []  # no job waits there: workflows refuse (see _shape)
     if job_ids is not None:
         ids = list(job_ids)
         if not ids:
@@ -247,3 +260,81 @@ def parent_results(job_id: int) -> Plan[list[ParentResult]]:
     """
     rows = (yield queries.parent_results_stmt(job_id=job_id), None).all()
     return [ParentResult(row[0], JobStatus(row[1]), row[2]) for row in rows]
+
+
+#: How many jobs :func:`read_workflow` counts at most (its walk stops there).
+WORKFLOW_COUNT_LIMIT = 10_000
+
+
+@operation
+def read_workflow(job_id: int, *, limit: int = 200) -> Plan[WorkflowJobs]:
+    """Every job of *job_id*'s workflow, whichever of its jobs *job_id* is.
+
+    The workflow is what parent links connect, in either direction: a chain, a chord
+    or a batch (its members meet at the callback), a group enqueued with ``after``,
+    and whatever was enqueued ``after=`` one of their jobs. A group enqueued without
+    ``after`` is no workflow (nothing links its jobs). A parent pruned by retention is
+    left out (and what only it linked).
+
+    Args:
+        conn: The caller's Connection or Session.
+        job_id: Any job of the workflow.
+        limit: List at most this many jobs (the nearest to *job_id*); the rest are
+            counted (:attr:`WorkflowJobs.more`), up to 10,000.
+
+    Returns:
+        The jobs in dependency order (:class:`~sqlaq.WorkflowJobs`); no job when no
+        job has this id. A job outside any workflow is a workflow of one job.
+
+    Raises:
+        ConfigError: *limit* is not a positive int, or the job table is distributed on
+            Citus (where workflows do not run).
+    """
+    _check_positive("limit", limit)
+    yield from refuse("workflows", _NO_TRIGGER)
+    stmt = queries.workflow_stmt(job_id=job_id, limit=limit, count_limit=WORKFLOW_COUNT_LIMIT)
+    rows = yield from _without_jit(stmt)
+    found = tuple(
+        WorkflowJob(
+            job_id=row.id,
+            kind=row.kind,
+            queue=row.queue,
+            status=row.status,
+            parent_ids=tuple(row.parent_ids or ()),
+            waiting=row.waiting,
+            finished_at=row.finished_at,
+        )
+        for row in rows
+    )
+    total = rows[0].total if rows else 0
+    return WorkflowJobs(job_id, found, total, total < WORKFLOW_COUNT_LIMIT)
+
+
+@operation
+def cancel_workflow(job_id: int) -> Plan[list[int]]:
+    """Cancel every queued or running job of *job_id*'s workflow, whichever of its
+    jobs *job_id* is.
+
+    The workflow is :func:`read_workflow`'s: a chain, a chord or a batch is cancelled
+    whole from any of its jobs, parents and members too, whether or not it has a single
+    root. Each job is cancelled as :func:`sqlaq.cancel` does (a running job's worker is
+    told); finished jobs are left alone. One statement, in the caller's transaction.
+
+    Returns:
+        The ids of the jobs cancelled (none when no job has this id).
+
+    Raises:
+        ConfigError: the job table is distributed on Citus (where workflows do not run).
+    """
+    yield from refuse("workflows", _NO_TRIGGER)
+    rows = yield from _without_jit(queries.cancel_workflow_stmt(job_id=job_id))
+    return [row[0] for row in rows]
+
+
+def _without_jit(stmt: Any) -> Plan[list[Any]]:
+    """Run a workflow's walk with JIT off (see :func:`sqlaq.queries.set_setting_stmt`),
+    then set ``jit`` back to what it was; its rows."""
+    was = (yield queries.set_setting_stmt(name="jit", value="off"), None).scalar_one()
+    rows = (yield stmt, None).all()
+    yield queries.set_setting_stmt(name="jit", value=was), None
+    return list(rows)

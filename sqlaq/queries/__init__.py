@@ -52,6 +52,7 @@ from __future__ import annotations
 
 # c: the jobs table's columns, importable here as before (not in __all__).
 from sqlaq.queries._common import c as c
+from sqlaq.queries._graph import workflow_cte
 from sqlaq.queries.catalog import (
     catalog_constraints_stmt,
     catalog_functions_stmt,
@@ -70,6 +71,9 @@ from sqlaq.queries.claim import (
     ClaimPosition,
     claim_params,
     claim_stmt,
+    key_running_stmt,
+    keyed_candidates_params,
+    keyed_candidates_stmt,
     kind_limit_state_params,
     kind_limit_state_stmt,
     lock_kind_stmt,
@@ -124,6 +128,7 @@ from sqlaq.queries.inspect import (
     get_job_stmt,
     job_outcome_stmt,
     jobs_ahead_stmt,
+    key_state_stmt,
     stats_counts_stmt,
     stats_health_stmt,
     travel_stmts,
@@ -155,6 +160,7 @@ from sqlaq.queries.retention import (
     Reference,
     blocking_references_stmt,
     cancel_stmt,
+    cancel_workflow_stmt,
     cancelled_among_stmt,
     count_prunable_stmt,
     count_referenced_stmt,
@@ -182,7 +188,9 @@ from sqlaq.queries.workflow import (
     parent_results_stmt,
     release_stmt,
     release_waiting_stmt,
+    set_setting_stmt,
     waiting_for_stmt,
+    workflow_stmt,
 )
 
 __all__ = [
@@ -196,6 +204,7 @@ __all__ = [
     "Reference",
     "blocking_references_stmt",
     "cancel_stmt",
+    "cancel_workflow_stmt",
     "cancelled_among_stmt",
     "catalog_constraints_stmt",
     "catalog_functions_stmt",
@@ -245,6 +254,10 @@ __all__ = [
     "job_value_stmt",
     "jobs_ahead_stmt",
     "jobs_list_stmt",
+    "key_running_stmt",
+    "key_state_stmt",
+    "keyed_candidates_params",
+    "keyed_candidates_stmt",
     "kind_limit_state_params",
     "kind_limit_state_stmt",
     "link_stmt",
@@ -279,6 +292,7 @@ __all__ = [
     "running_workers_stmt",
     "schema_revision_stmt",
     "serving_workers_stmt",
+    "set_setting_stmt",
     "snooze_stmt",
     "stats_counts_stmt",
     "stats_health_stmt",
@@ -296,4 +310,6 @@ __all__ = [
     "where_check_stmt",
     "where_text",
     "workers_stmt",
+    "workflow_cte",
+    "workflow_stmt",
 ]

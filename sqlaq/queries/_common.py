@@ -3,6 +3,8 @@ predicates of its partial indexes. Private to :mod:`sqlaq.queries`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
@@ -46,6 +48,14 @@ _DEBOUNCE = and_(
 )
 
 _NOW = func.now()
+
+
+def _key_rows(table: Any) -> ColumnElement[bool]:
+    """The key index's predicate (schema.KEY_SQL) over *table* (``sqlaq_jobs`` or an
+    alias of it), literals inlined: the keyed jobs queued, running or failed."""
+    held = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.FAILED)
+    return and_(table.c.key.is_not(None), table.c.status.in_([_status(s) for s in held]))
+
 
 _IDS = ARRAY(BigInteger)
 

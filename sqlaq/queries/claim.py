@@ -27,6 +27,7 @@ from sqlalchemy import (
     func,
     literal_column,
     null,
+    or_,
     select,
     text,
     tuple_,
@@ -38,7 +39,16 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
 from sqlaq.errors import ConfigError
 from sqlaq.limits import Rate
-from sqlaq.queries._common import _NOW, _PENDING, _RUNNING, _expired_error, _status, c
+from sqlaq.queries._common import (
+    _IDS,
+    _NOW,
+    _PENDING,
+    _RUNNING,
+    _expired_error,
+    _key_rows,
+    _status,
+    c,
+)
 from sqlaq.queries.columns import CLAIM_COLUMNS
 from sqlaq.schema import (
     KIND_LOCK_CLASS,
@@ -87,17 +97,20 @@ def claim_params(
     lease: timedelta,
     kind: str | None = None,
     exclude_kinds: Collection[str] = (),
+    ids: Sequence[int] | None = None,
     after: ClaimPosition | None = None,
 ) -> dict[str, Any]:
-    """The bind values of :func:`claim_stmt` (built with the same *kind* or
-    *exclude_kinds* choice: each variant is a statement of its own). *after* is the
-    position a bounded claim starts after (:data:`FULL_CLAIM` when None); a claim built
-    without ``bounded`` ignores it."""
+    """The bind values of :func:`claim_stmt` (built with the same *kind*,
+    *exclude_kinds* or *ids* choice: each variant is a statement of its own). *after* is
+    the position a bounded claim starts after (:data:`FULL_CLAIM` when None); a claim
+    built without ``bounded`` ignores it."""
     params = {"b_queue": queue, "b_worker": worker_id, "b_limit": limit, "b_lease": lease}
     if kind is not None:
         params["b_kind"] = kind
     if exclude_kinds:
         params["b_excluded"] = sorted(exclude_kinds)
+    if ids is not None:
+        params["b_ids"] = list(ids)
     if after is not None:
         params["b_priority"], params["b_run_at"], params["b_id"] = after
     return params
@@ -112,6 +125,7 @@ def claim_stmt(
     kind: str | None = None,
     exclude_kinds: Collection[str] = (),
     where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+    ids: bool = False,
     bounded: bool = False,
 ) -> Update:
     """Claim up to *limit* due jobs of *queue*, in priority order; never more.
@@ -119,6 +133,9 @@ def claim_stmt(
     With *kind*, only jobs of that kind (``AND kind = :b_kind``): the claim of a limited
     kind, run under :func:`lock_kind_stmt`. With *exclude_kinds*, jobs of any other kind
     (``AND kind <> ALL(:b_excluded)``): the claim that must not bypass those limits.
+    With *ids*, only the jobs whose ids are bound as ``b_ids`` (``AND id = ANY(:b_ids)``):
+    the claim of a keyed kind, whose jobs were picked by :func:`keyed_candidates_stmt`
+    under the kind's lock (a picked job no longer due is not claimed).
 
     *where* narrows the claim (worker affinity): one boolean clause, or a sequence of
     them, over :data:`sqlaq.jobs` columns, e.g. ``jobs.c.payload["region"].astext ==
@@ -190,6 +207,8 @@ def claim_stmt(
     if exclude_kinds:
         excluded = bindparam("b_excluded", sorted(exclude_kinds), ARRAY(Text))
         which.append(c.kind != func.all(excluded))
+    if ids:
+        which.append(c.id == func.any(bindparam("b_ids", [], _IDS)))
     narrowed = _where_clauses(where)
     queue_ = bindparam("b_queue", v["b_queue"], Text)
     due = (
@@ -465,4 +484,98 @@ def record_starts_stmt(*, kind: str, rate: Rate, started: int) -> Insert:
     merged = select(kept.c.s).order_by(kept.c.s.desc()).limit(count).scalar_subquery()
     return stmt.on_conflict_do_update(
         index_elements=[rates.c.kind], set_={"starts": func.array(merged)}
+    )
+
+
+def key_running_stmt(*, kind: str) -> Select[Any]:
+    """Select the live leases of a keyed *kind*, per key: ``key, running``.
+
+    Renders ``SELECT key, count(*) AS running FROM sqlaq_jobs WHERE status = 'running'
+    AND kind = :b_kind AND run_at > now() AND key IS NOT NULL GROUP BY key``, through the
+    running index (running rows only: a handful, whatever the backlog). A running job
+    whose lease expired holds no slot of its key: it is due again, like any other.
+    """
+    return (
+        select(c.key, func.count().label("running"))
+        .where(_RUNNING, c.kind == bindparam("b_kind", kind, Text), c.run_at > _NOW)
+        .where(c.key.is_not(None))
+        .group_by(c.key)
+    )
+
+
+def keyed_candidates_params(
+    *, queue: str, kind: str, limit: int, full_keys: Sequence[str], picked: Sequence[int]
+) -> dict[str, Any]:
+    """The bind values of :func:`keyed_candidates_stmt`."""
+    return {
+        "b_queue": queue,
+        "b_kind": kind,
+        "b_limit": limit,
+        "b_full_keys": list(full_keys),
+        "b_picked": list(picked),
+    }
+
+
+def keyed_candidates_stmt(
+    *,
+    ordered: bool,
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+    per_queue: bool = False,
+) -> Select[Any]:
+    """Select ``id, key`` of up to ``b_limit`` due jobs of a keyed kind, in claim order,
+    leaving out the keys at their limit and the jobs already picked.
+
+    Renders::
+
+        SELECT id, key FROM sqlaq_jobs
+        WHERE status IN ('queued', 'running') AND queue = :b_queue AND run_at <= now()
+          AND NOT EXISTS (<the queue is paused>) AND kind = :b_kind
+          AND (key IS NULL OR key <> ALL(:b_full_keys)) AND id <> ALL(:b_picked)
+          [AND (key IS NULL OR NOT EXISTS (SELECT FROM sqlaq_jobs AS earlier
+                WHERE earlier.kind = sqlaq_jobs.kind AND earlier.key = sqlaq_jobs.key
+                  AND earlier.id < sqlaq_jobs.id AND <KEY_SQL>))]
+        ORDER BY priority DESC, run_at, id LIMIT :b_limit
+
+    With *ordered* (strict order per key), only the first job of its key is a
+    candidate: no earlier job of the kind and key may be queued (due or not: a job
+    waiting for its retry holds the line), running, or failed (see
+    :mod:`sqlaq.ops.claiming`); the key index answers in one probe. It locks nothing:
+    it runs under the kind's claim lock (:func:`lock_kind_stmt`), and the claim by ids
+    (:func:`claim_stmt` with *ids*) locks what it takes. *where* narrows it as
+    :func:`claim_stmt`'s does.
+
+    *per_queue* (a job table distributed on Citus by queue): the earlier jobs looked for
+    are those of the same queue (``AND earlier.queue = :b_queue``), so the statement reads
+    one shard; the order per key holds within a queue.
+    """
+    queue_ = bindparam("b_queue", "_", Text)
+    kind_ = bindparam("b_kind", "_", Text)
+    clauses: list[ColumnElement[bool]] = [
+        _PENDING,
+        c.queue == queue_,
+        c.run_at <= _NOW,
+        ~exists().where(paused_queues.c.queue == queue_),
+        c.kind == kind_,
+        or_(c.key.is_(None), c.key != func.all(bindparam("b_full_keys", [], ARRAY(Text)))),
+        c.id != func.all(bindparam("b_picked", [], _IDS)),
+    ]
+    if ordered:
+        earlier = jobs.alias("earlier")
+        clauses.append(
+            or_(
+                c.key.is_(None),
+                ~exists().where(
+                    *([earlier.c.queue == queue_] if per_queue else []),
+                    earlier.c.kind == c.kind,
+                    earlier.c.key == c.key,
+                    earlier.c.id < c.id,
+                    _key_rows(earlier),
+                ),
+            )
+        )
+    return (
+        select(c.id, c.key)
+        .where(*clauses, *_where_clauses(where))
+        .order_by(c.priority.desc(), c.run_at, c.id)
+        .limit(bindparam("b_limit", 1, Integer))
     )

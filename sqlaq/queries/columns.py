@@ -78,6 +78,7 @@ JOB_FIELDS = (
     JobField("dedupe_key", Text(), "dedupe_key", many="b_dedupe_keys"),
     JobField("run_at", TIMESTAMP(timezone=True), "run_at", many="b_run_ats"),
     JobField("timeout", Interval(), "timeout", many="b_timeouts", typed_bind=False),
+    JobField("key", Text(), "key", many="b_keys", copy=True),
     JobField("headers", Text(), None, json=True),
 )
 _FIELD = {f.name: f for f in JOB_FIELDS}

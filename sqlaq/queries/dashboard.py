@@ -369,6 +369,8 @@ def job_page_stmt(*, job_id: int, head: int) -> Select[Any]:
         c.dedupe_key,
         c.debounce_key,
         c.timeout,
+        c.has_dependents,
+        c.parent_ids,
         func.left(cast(c.payload, Text), size).label("payload_head"),
         func.left(cast(c.result, Text), size).label("result_head"),
         func.left(c.last_error, size).label("error_head"),

@@ -46,7 +46,7 @@ from sqlaq.schema import (
 )
 
 
-def enqueue_stmt(*, job: NewJob, headers: str | None = None) -> Insert:
+def enqueue_stmt(*, job: NewJob, headers: str | None = None, per_queue: bool = False) -> Insert:
     """Insert one job; ``RETURNING id``.
 
     Renders ``INSERT INTO sqlaq_jobs (...) VALUES (..., now() + :b_delay, ...)``. With a
@@ -56,6 +56,9 @@ def enqueue_stmt(*, job: NewJob, headers: str | None = None) -> Insert:
     *headers* (JSON text, or None) is stored in ``headers``: what the enqueuer sends
     beside the payload, the trace context of :func:`sqlaq.tracing.capture`. Execution
     parameters without ``b_headers`` leave it NULL.
+
+    *per_queue*: ``ON CONFLICT (queue, kind, dedupe_key)``, the dedupe index of a job table
+    distributed on Citus (see :mod:`sqlaq.queries.citus`).
     """
     v = enqueue_params(job, headers=headers)
     # Core's insert() when there is no ON CONFLICT: SQLAlchemy before 2.0.3x gives the
@@ -65,9 +68,14 @@ def enqueue_stmt(*, job: NewJob, headers: str | None = None) -> Insert:
     )
     if isinstance(stmt, PgInsert):
         stmt = stmt.on_conflict_do_nothing(
-            index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE
+            index_elements=_dedupe_columns(per_queue), index_where=_DEDUPE
         )
     return stmt.returning(c.id)
+
+
+def _dedupe_columns(per_queue: bool) -> list[Any]:
+    # The dedupe index's columns: (kind, dedupe_key), led by queue on Citus.
+    return [c.queue, c.kind, c.dedupe_key] if per_queue else [c.kind, c.dedupe_key]
 
 
 def debounce_enqueue_stmt(
@@ -77,6 +85,7 @@ def debounce_enqueue_stmt(
     debounce: timedelta,
     max_wait: timedelta | None = None,
     headers: str | None = None,
+    per_queue: bool = False,
 ) -> Insert:
     """Insert a debounced job, or push back the queued one of ``(kind, debounce_key)``.
 
@@ -99,6 +108,11 @@ def debounce_enqueue_stmt(
     started (``attempted_at`` set) is not in the arbiter index: a new enqueue then
     inserts a new job. ``debounced`` is true when an existing job was updated (its row
     is locked by this transaction: ``xmax`` is set; a fresh insert has none).
+
+    *per_queue* (a job table distributed on Citus): ``ON CONFLICT (queue, kind,
+    debounce_key)``, and ``run_at = excluded.run_at``: Citus takes only IMMUTABLE
+    functions in ``DO UPDATE SET``, so no ``now()`` and no ``created_at + max_wait``
+    there (*max_wait* is not applied: the caller refuses it).
     """
     v = enqueue_params(job, headers=headers)
     delay = _NOW + bindparam("b_debounce", debounce, Interval)
@@ -107,9 +121,17 @@ def debounce_enqueue_stmt(
     stmt = insert(jobs).values(row)
     excluded = stmt.excluded
     # The update takes the new enqueue's values of every column but the job's identity
-    # (queue, kind, its key) and run_at, which moves back but never past max_wait.
-    identity = {"queue", "kind", "debounce_key", "run_at"}
+    # (queue, kind, its debounce key, its job key) and run_at, which moves back but
+    # never past max_wait.
+    identity = {"queue", "kind", "debounce_key", "key", "run_at"}
     replaced = {name: excluded[name] for name in row if name not in identity}
+    if per_queue:
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[c.queue, c.kind, c.debounce_key],
+            index_where=_DEBOUNCE,
+            set_={**replaced, "run_at": excluded.run_at},
+        )
+        return stmt.returning(c.id, literal_column("xmax::text <> '0'", Boolean).label("debounced"))
     stmt = stmt.on_conflict_do_update(
         index_elements=[c.kind, c.debounce_key],
         index_where=_DEBOUNCE,
@@ -231,7 +253,9 @@ def find_pending_duplicate_stmt(*, kind: str, dedupe_key: str) -> Any:
     )
 
 
-def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) -> Insert:
+def enqueue_many_stmt(
+    *, jobs_: Sequence[NewJob], headers: str | None = None, per_queue: bool = False
+) -> Insert:
     """Insert many jobs in one statement; ``RETURNING id, kind, dedupe_key``.
 
     Renders ``INSERT INTO sqlaq_jobs (...) SELECT ... FROM unnest(:b_queues, ...) WITH
@@ -244,7 +268,8 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
     sorting the returned rows by id gives the inserted jobs in input order; a job
     skipped as a duplicate returns no row. *headers* (JSON text, one value for every
     job: the enqueue's trace context) fills ``headers``. :func:`enqueue_uniform_stmt`
-    is the lighter statement for jobs that differ only in their payload.
+    is the lighter statement for jobs that differ only in their payload. *per_queue*: as
+    :func:`enqueue_stmt`'s.
     """
     # One array per field that differs between jobs, in JOB_FIELDS order.
     arrays = [
@@ -277,7 +302,9 @@ def enqueue_many_stmt(*, jobs_: Sequence[NewJob], headers: str | None = None) ->
         .order_by(rows.c.ordinality)
     )
     stmt = insert(jobs).from_select(list(row), source)
-    stmt = stmt.on_conflict_do_nothing(index_elements=[c.kind, c.dedupe_key], index_where=_DEDUPE)
+    stmt = stmt.on_conflict_do_nothing(
+        index_elements=_dedupe_columns(per_queue), index_where=_DEDUPE
+    )
     return stmt.returning(c.id, c.kind, c.dedupe_key)
 
 

@@ -29,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP
 
 from sqlaq.encoding import encode_payload
-from sqlaq.queries._common import _DEDUPE, _NOW, _PENDING, _RUNNING, _status, c
+from sqlaq.queries._common import _DEDUPE, _NOW, _PENDING, _RUNNING, _key_rows, _status, c
 from sqlaq.queries.columns import OUTCOME_COLUMNS
 from sqlaq.schema import (
     JobStatus,
@@ -141,6 +141,42 @@ def stats_health_stmt() -> Select[Any]:
         )
         .group_by(c.queue)
         .order_by(c.queue)
+    )
+
+
+def key_state_stmt(*, kind: str, key: str, job_id: int) -> Select[Any]:
+    """What holds back a job of a keyed kind: ``running, earlier_id, earlier_status``.
+
+    * ``running``: the live leases of ``(kind, key)`` (running rows whose lease has
+      not expired), as the keyed claim counts them;
+    * ``earlier_id``, ``earlier_status``: the first job of ``(kind, key)`` before
+      *job_id* that is queued, running or failed (strict order's head of the line), or
+      NULL; through the key index.
+    """
+    kind_ = bindparam("b_kind", kind, Text)
+    key_ = bindparam("b_key", key, Text)
+    running = (
+        select(func.count())
+        .select_from(jobs)
+        .where(_RUNNING, c.kind == kind_, c.run_at > _NOW, c.key == key_)
+        .scalar_subquery()
+    )
+    earlier = (
+        select(c.id, c.status)
+        .where(
+            _key_rows(jobs),
+            c.kind == kind_,
+            c.key == key_,
+            c.id < bindparam("b_id", job_id, BigInteger),
+        )
+        .order_by(c.id)
+        .limit(1)
+        .subquery("earlier")
+    )
+    return select(
+        running.label("running"),
+        select(earlier.c.id).scalar_subquery().label("earlier_id"),
+        select(earlier.c.status).scalar_subquery().label("earlier_status"),
     )
 
 

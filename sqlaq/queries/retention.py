@@ -45,6 +45,7 @@ from sqlaq.queries._common import (
     _status,
     c,
 )
+from sqlaq.queries._graph import in_unfinished_workflow, workflow_cte
 from sqlaq.schema import (
     CANCEL_CHANNEL,
     JobStatus,
@@ -53,7 +54,7 @@ from sqlaq.schema import (
 )
 
 
-def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
+def retry_stmt(*, job_ids: Collection[int], queue: str | None = None) -> Select[Any]:
     """Queue failed or cancelled jobs again, due now, with a fresh set of attempts, but
     never two jobs of one key: select ``id, retried, dedupe_key, dedupe_holder,
     debounce_key, debounce_holder`` for each job retried or left for its key.
@@ -99,11 +100,20 @@ def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
     kept as history. ``unique_for`` holds are not consulted: a retry queues the same job
     again, it does not enqueue a new one.
 
+    With *queue* (a job table distributed on Citus by queue): only the jobs of that queue,
+    and their keys' holders in it (the unique indexes lead with ``queue`` there), every
+    reference to the table pinned to ``queue = :b_queue``: one shard's statement.
+
     The holders are read from the statement's snapshot: a job enqueued with the key
     after it began still makes the UPDATE fail with a unique violation
     (:func:`sqlaq.retry` runs it in a savepoint and falls back to one job at a time).
     """
     ids = bindparam("b_ids", list(job_ids), _IDS)
+    twin = jobs.alias("twin")
+    # On Citus (see sqlaq.queries.citus): the jobs of one queue, their keys' holders in
+    # that queue (the unique indexes lead with queue there), every reference pinned.
+    queue_ = bindparam("b_queue", queue, Text)
+    mine, twins = ([c.queue == queue_], [twin.c.queue == queue_]) if queue is not None else ([], [])
     picked = (
         select(
             c.id,
@@ -112,6 +122,7 @@ def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
             case((c.attempted_at.is_(None), c.debounce_key)).label("debounce_key"),
         )
         .where(
+            *mine,
             c.id == func.any(ids),
             c.status.in_([_status(JobStatus.FAILED), _status(JobStatus.CANCELLED)]),
         )
@@ -121,10 +132,10 @@ def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
         .prefix_with("MATERIALIZED")
     )
     p = picked.c
-    twin = jobs.alias("twin")
     dedupe_twin = (
         select(func.min(twin.c.id))
         .where(
+            *twins,
             twin.c.kind == p.kind,
             twin.c.dedupe_key == p.dedupe_key,
             twin.c.status.in_([_status(JobStatus.QUEUED), _status(JobStatus.RUNNING)]),
@@ -135,6 +146,7 @@ def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
     debounce_twin = (
         select(func.min(twin.c.id))
         .where(
+            *twins,
             twin.c.kind == p.kind,
             twin.c.debounce_key == p.debounce_key,
             twin.c.status == _status(JobStatus.QUEUED),
@@ -158,7 +170,7 @@ def retry_stmt(*, job_ids: Collection[int]) -> Select[Any]:
     r = ranked.c
     retried = (
         update(jobs)
-        .where(c.id == r.id, r.dedupe_holder.is_(None), r.debounce_holder.is_(None))
+        .where(*mine, c.id == r.id, r.dedupe_holder.is_(None), r.debounce_holder.is_(None))
         .values(
             status=_status(JobStatus.QUEUED),
             run_at=_NOW,
@@ -207,9 +219,26 @@ def cancel_stmt(*, job_ids: Collection[int]) -> Select[Any]:
     locking CTE reads each row's latest status, so a job claimed meanwhile is known to
     be running.
     """
+    return _cancel(c.id == func.any(bindparam("b_ids", list(job_ids), _IDS)))
+
+
+def cancel_workflow_stmt(*, job_id: int) -> Select[Any]:
+    """Cancel every pending job of *job_id*'s workflow (see :func:`cancel_stmt`).
+
+    :func:`cancel_stmt` over ``id IN (SELECT id FROM workflow)``, the walk of
+    :func:`~sqlaq.queries.workflow_cte` from *job_id* (its parents and children, in
+    either direction, to the end): a chain, a chord or a batch is cancelled whole from
+    any of its jobs, its members too. Its finished jobs are left alone. One statement:
+    the trigger of a cancelled parent finds its children cancelled already.
+    """
+    walk = workflow_cte(job_id=job_id)
+    return _cancel(c.id.in_(select(walk.c.id)))
+
+
+def _cancel(which: ColumnElement[bool]) -> Select[Any]:
     was = (
         select(c.id, c.status)
-        .where(c.id == func.any(bindparam("b_ids", list(job_ids), _IDS)), _PENDING)
+        .where(which, _PENDING)
         .with_for_update()
         .cte("was")
         .prefix_with("MATERIALIZED")
@@ -321,11 +350,17 @@ def prune_stmt(
             SELECT id FROM sqlaq_jobs
             WHERE status IN ('done', 'failed', 'cancelled') AND status = ANY(:b_statuses)
               AND finished_at < now() - :b_older_than
+              AND NOT <in an unfinished workflow>
             LIMIT :b_limit FOR UPDATE SKIP LOCKED)
         DELETE FROM sqlaq_jobs USING doomed WHERE sqlaq_jobs.id = doomed.id
 
     Pending rows can never match (the literal predicate), and the finished index serves
     the scan. Run it repeatedly, committing between batches, to prune a large backlog.
+
+    A workflow's finished jobs are kept while the workflow has a job not finished (see
+    ``in_unfinished_workflow`` in ``sqlaq/queries/_graph.py``): a chord's member whose
+    callback still waits is not deleted from under :func:`sqlaq.parent_results`. Jobs
+    outside workflows pay a test of two columns of the row.
 
     With *spare* (from :func:`blocking_references_stmt`), jobs a row of those tables
     still references are left out (``AND NOT (EXISTS (SELECT FROM host WHERE host.col =
@@ -371,6 +406,7 @@ def _prunable(older_than: timedelta, statuses: Collection[JobStatus]) -> ColumnE
         _FINISHED,
         c.status == func.any(bindparam("b_statuses", sorted(statuses), ARRAY(Text))),
         c.finished_at < _NOW - bindparam("b_older_than", older_than, Interval),
+        ~in_unfinished_workflow(),
     )
 
 

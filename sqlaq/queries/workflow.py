@@ -34,6 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import TIMESTAMP, aggregate_order_by, insert
 
 from sqlaq.queries._common import _IDS, _NOW, _status, c
+from sqlaq.queries._graph import workflow_cte
 from sqlaq.schema import CHANNEL, WAITING_FROM, WAITING_RUN_AT, JobStatus, job_deps, jobs
 
 d = job_deps.c
@@ -252,4 +253,68 @@ def parent_results_stmt(*, job_id: int) -> Select[Any]:
         select(c.id, c.status, c.result)
         .select_from(parents.join(jobs, c.id == parents.c.parent_id))
         .order_by(parents.c.ordinality)
+    )
+
+
+def workflow_stmt(*, job_id: int, limit: int, count_limit: int) -> Select[Any]:
+    """The jobs of *job_id*'s workflow: up to *limit* of them, in dependency order
+    (by id: a parent is always enqueued before its children), and how many the walk
+    met, up to *count_limit*.
+
+    Renders::
+
+        WITH RECURSIVE workflow(id) AS (...),  -- workflow_cte
+        found AS MATERIALIZED (SELECT id FROM workflow LIMIT :b_count_limit)
+        SELECT id, kind, queue, status,
+            status = 'queued' AND run_at >= '9900-01-01 00:00:00+00' AS waiting,
+            finished_at, parent_ids, (SELECT count(*) FROM found) AS total
+        FROM sqlaq_jobs
+        WHERE id IN (SELECT id FROM found LIMIT :b_limit)
+        ORDER BY id
+
+    The walk stops once it met *count_limit* jobs (``total`` then says "at least"),
+    and the jobs listed are the *limit* it met first: *job_id*, then the nearest.
+    """
+    walk = workflow_cte(job_id=job_id)
+    found = (
+        select(walk.c.id)
+        .limit(bindparam("b_count_limit", count_limit, Integer))
+        .cte("found")
+        .prefix_with("MATERIALIZED")
+    )
+    shown = select(found.c.id).limit(bindparam("b_limit", limit, Integer))
+    total = select(func.count()).select_from(found).scalar_subquery()
+    return (
+        select(
+            c.id,
+            c.kind,
+            c.queue,
+            c.status,
+            and_(c.status == _status(JobStatus.QUEUED), c.run_at >= _HELD_FROM).label("waiting"),
+            c.finished_at,
+            c.parent_ids,
+            total.label("total"),
+        )
+        .where(c.id.in_(shown))
+        .order_by(c.id)
+    )
+
+
+def set_setting_stmt(*, name: str, value: str) -> Select[Any]:
+    """Set the setting *name* for the rest of the transaction; select what it was.
+
+    Renders ``SELECT current_setting(:b_name) AS was, set_config(:b_name, :b_value,
+    true)``. A workflow's walk (:func:`workflow_stmt`,
+    :func:`~sqlaq.queries.cancel_workflow_stmt`) is a recursive statement whose
+    estimated cost is far above its real one: PostgreSQL would JIT-compile it (0.5 s,
+    for a walk of a few milliseconds). The operations turn ``jit`` off around the walk
+    and set it back to what it was; the dashboard bounds its walk with
+    ``statement_timeout``.
+    """
+    setting = bindparam("b_name", name, Text)
+    return select(
+        func.current_setting(setting).label("was"),
+        func.set_config(
+            setting, bindparam("b_value", value, Text), literal_column("true", Boolean)
+        ),
     )

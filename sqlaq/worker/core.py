@@ -170,6 +170,9 @@ class Worker:
         self._releases: deque[int] = deque()  # the listener's: waiting jobs to check
         self._unwritten: list[tuple[Finished, Outcome]] = []  # not yet handed to the writer
         self._writing: Batch | None = None  # handed to the writer, not yet settled
+        # A burst worker wrote outcomes since it last found nothing due: a parent's
+        # completion may have released its children in the same commit (the trigger).
+        self._wrote = False
         self._db_failures = 0
         self._fetcher = Fetcher(
             engine, registry, config, self.worker_id, self._back_off, self._recovered
@@ -460,16 +463,19 @@ class Worker:
     def _release_left(self) -> bool:
         """A burst worker with nothing due: release the waiting jobs whose parents have
         all finished (it has neither a listener nor the leader's sweep), and go on if
-        there were any."""
+        there were any, or if it wrote outcomes since its last look: the completion of
+        a parent releases its children in its own commit (the trigger), after the
+        claim that found nothing due."""
+        wrote, self._wrote = self._wrote, False
         try:
             with self._engine.begin() as conn:
                 released = ops.release_waiting(conn)
         except Exception as exc:
             _log.warning("could not release waiting jobs: %s", describe(exc))
             return False
-        if released:
+        if released or wrote:
             self._fetcher.woken(self.config.queues)
-        return bool(released)
+        return bool(released) or wrote
 
     def _time_out(self, run: Run) -> None:
         """*run*, a sync handler, is past its deadline and cannot be interrupted: write
@@ -557,6 +563,8 @@ class Worker:
         info = debug or _log.isEnabledFor(logging.INFO)
         leases = self._leases
         callback = self._on_job_finished
+        if written and self.config.burst:
+            self._wrote = True
         for finished, outcome, status in written:
             leases.release(finished.run)
             # "job done" is a DEBUG line, every other change INFO (a lost lease WARNING):

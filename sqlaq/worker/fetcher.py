@@ -331,6 +331,8 @@ class Fetcher:
                         concurrency=handler.concurrency,
                         rate=handler.rate,
                         where=self._where,
+                        key_concurrency=handler.key_concurrency,
+                        ordered=handler.ordered,
                     )
             except Exception as exc:
                 if not is_transient(exc):

@@ -24,7 +24,7 @@ from psycopg.pq import Format
 from psycopg.types.json import JsonbLoader
 from sqlalchemy import Connection
 
-from sqlaq.drive import Plan
+from sqlaq.drive import PerEngine, Plan, per_engine
 
 __all__ = ["Precompiled"]
 
@@ -79,6 +79,9 @@ class Precompiled:
         try:
             step = plan.send(None)
             while True:
+                if isinstance(step, PerEngine):  # answered once per engine, then cached
+                    step = plan.send(per_engine(conn, step))
+                    continue
                 if type(step) is not tuple:
                     raise TypeError(f"Precompiled runs plain statements only, not {step!r}")
                 statement, params = step

@@ -97,9 +97,10 @@ def write_outcomes(
     every success, one statement per other outcome, fenced by each run's lease.
 
     A lease lost since is found by the fence (the statement matches no row) and reported
-    with status None. A job of a concurrency-limited kind that ended wakes the workers
-    of its queue (NOTIFY on commit), so the freed slot is taken at once. With
-    *precompiled* (*conn* in autocommit) the complete runs on the driver's cursor.
+    with status None. A job of a concurrency-limited or keyed kind that ended wakes the
+    workers of its queue (NOTIFY on commit), so the freed slot (or the next job of its
+    key) is taken at once. With *precompiled* (*conn* in autocommit) the complete runs
+    on the driver's cursor.
     """
     done_verdict = Verdict.DONE
     successes = [i for i in items if i[1].verdict is done_verdict and i[1].result is None]
@@ -115,7 +116,9 @@ def write_outcomes(
     if len(successes) < len(items):
         written += _write_others(conn, items)
     freed = {
-        f.run.job.queue for f, _ in items if f.run.handler is not None and f.run.handler.concurrency
+        f.run.job.queue
+        for f, _ in items
+        if f.run.handler is not None and (f.run.handler.concurrency or f.run.handler.keyed)
     }
     if freed:
         ops.notify_queues(conn, sorted(freed))

@@ -138,6 +138,24 @@ async def test_enqueue_many_in_input_order_with_duplicates(aconn: AsyncExecutor)
 
 
 @pytest.mark.asyncio
+async def test_keys_are_written_and_claimed_within_their_limit(aconn: AsyncExecutor) -> None:
+    await aq.enqueue(aconn, "tenant", key="a")
+    await aq.enqueue_many(aconn, [NewJob("tenant", key="a"), NewJob("tenant", key="b")])
+    await aq.enqueue_many(aconn, NewJob("tenant", key="b").with_payloads([{}, {}]))
+    assert await aq.enqueue_copy(aconn, [NewJob("tenant", key="c"), NewJob("tenant")]) == 2
+    keys = await rows(aconn, "SELECT key FROM sqlaq_jobs ORDER BY id")
+    assert [r.key for r in keys] == ["a", "a", "b", "b", "b", "c", None]
+    claimed = await aq.claim_limited(
+        aconn, worker_id=uuid.uuid4(), kind="tenant", limit=10, key_concurrency=1
+    )
+    assert (len(claimed.jobs), claimed.full) == (4, True)  # one of a, b and c; the keyless one
+    running = await rows(
+        aconn, "SELECT key FROM sqlaq_jobs WHERE status = 'running' ORDER BY key NULLS LAST"
+    )
+    assert [r.key for r in running] == ["a", "b", "c", None]
+
+
+@pytest.mark.asyncio
 async def test_enqueue_many_takes_a_job_batch(aconn: AsyncExecutor) -> None:
     batch = NewJob("jb", queue="q").with_payloads([{"i": i} for i in range(4)])
     results = await aq.enqueue_many(aconn, batch)
@@ -624,6 +642,16 @@ _CLI = "start-up checks of the sqlaq commands, on the command's sync Engine"
 NO_TWIN: dict[str, str] = {
     "sqlaq.testing.drain": "its async twin is sqlaq.testing.drain_async",
     "sqlaq.drive.run": "the sync driver; sqlaq.asyncio holds the async one",
+    "sqlaq.drive.per_engine": "the sync driver's PerEngine step; sqlaq.asyncio answers its own",
+    **dict.fromkeys(
+        (
+            "sqlaq.citus.distribute",
+            "sqlaq.citus.problems",
+            "sqlaq.citus.is_distributed",
+            "sqlaq.citus.forget",
+        ),
+        "the Citus conversion command's (sync); the operations detect Citus themselves",
+    ),
     "sqlaq.dsn.connection_params": "reads an engine's URL, runs nothing on it",
     "sqlaq.worker.writer.write_outcomes": "the worker's own writer, on its sync connection",
     "sqlaq.commandline.check_database": _CLI,
@@ -666,6 +694,7 @@ NO_TWIN: dict[str, str] = {
             "sqlaq.dashboard.reads.overview",
             "sqlaq.dashboard.reads.schedules",
             "sqlaq.dashboard.reads.workers",
+            "sqlaq.dashboard.reads.workflow",
         ),
         _DASHBOARD,
     ),
@@ -974,3 +1003,13 @@ async def test_workflow_shapes_run_in_order_and_the_callback_reads_results(
         (chord.job_ids[0], "done", chord.job_ids[0])
     ]
     assert await aq.release_waiting(aconn) == []
+
+
+@pytest.mark.asyncio
+async def test_a_workflow_is_read_and_cancelled_whole_from_any_job(aconn: AsyncExecutor) -> None:
+    chord = await aq.chord(aconn, [NewJob("m"), NewJob("m")], then=NewJob("sum"))
+    assert chord.callback_id is not None
+    flow = await aq.read_workflow(aconn, chord.job_ids[0])
+    assert [j.job_id for j in flow.jobs] == [*chord.job_ids, chord.callback_id]
+    cancelled = await aq.cancel_workflow(aconn, chord.job_ids[1])
+    assert sorted(cancelled) == [*chord.job_ids, chord.callback_id]

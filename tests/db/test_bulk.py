@@ -137,5 +137,6 @@ def test_enqueue_copy_of_nothing_writes_nothing(conn: Connection) -> None:
 def test_enqueue_copy_statement_names_the_loaded_columns() -> None:
     rendered = queries.enqueue_copy_stmt().as_string(None)
     assert rendered == (
-        'COPY "sqlaq_jobs" ("queue", "kind", "payload", "priority", "max_attempts") FROM STDIN'
+        'COPY "sqlaq_jobs" ("queue", "kind", "payload", "priority", "max_attempts", "key") '
+        "FROM STDIN"
     )

@@ -11,7 +11,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from workerkit import libpq_url
 
 import sqlaq
-from sqlaq import Job
+from sqlaq import InvalidJobError, Job
 
 
 class HostBase(DeclarativeBase):
@@ -106,3 +106,34 @@ def test_operations_run_on_a_session_in_its_transaction(host_tables: Engine) -> 
         session.commit()
     with Session(host_tables) as session:
         assert session.scalars(select(Job.status)).all() == ["done"]
+
+
+def test_a_job_that_waits_for_others_is_enqueued_with_after_not_through_the_orm(
+    host_tables: Engine,
+) -> None:
+    for attempt in (
+        lambda: Job(kind="ship_order", after=[1]),
+        lambda: Job(kind="ship_order", parent_ids=[1]),
+        lambda: Job(kind="ship_order", has_dependents=True),
+        lambda: Job(kind="ship_order", on_parent_failure="run"),
+    ):
+        with pytest.raises(InvalidJobError, match=r"sqlaq\.enqueue\(session, .*after=\[ids\]"):
+            attempt()
+    job = Job(kind="ship_order")
+    with pytest.raises(InvalidJobError, match="parent_ids"):
+        job.parent_ids = [1]
+    # The supported path, in the session's flush and transaction beside the host's rows.
+    with Session(host_tables) as session:
+        parent = Job(kind="pack_order")
+        session.add_all([Order(id=4, item="mug"), parent])
+        session.flush()
+        parent_id = parent.id
+        child = sqlaq.enqueue(session, "ship_order", {"order": 4}, after=[parent_id]).job_id
+        session.commit()
+    with Session(host_tables) as session:
+        loaded = session.get(Job, child)
+        assert loaded is not None
+        assert (loaded.parent_ids, loaded.status) == ([parent_id], "queued")
+        assert session.get(Job, parent_id).has_dependents  # type: ignore[union-attr]
+        edges = session.execute(text("SELECT parent_id, child_id FROM sqlaq_job_deps")).all()
+        assert [tuple(e) for e in edges] == [(parent_id, child)]

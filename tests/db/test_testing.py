@@ -253,3 +253,48 @@ def test_sync_drain_names_drain_async_for_an_async_transactional_handler(notes: 
         sqlaq.enqueue(conn, "txn_async")
         with pytest.raises(sqlaq.ConfigError, match="drain_async"):
             drain(conn, registry)
+
+
+def test_drain_runs_a_workflow_to_its_end_in_the_test_s_transaction(conn: Connection) -> None:
+    """Each parent's completion releases its children in the test's own transaction
+    (the trigger), where ``now()`` does not move: they are due at once, and drain runs
+    every step, whatever the queue, before it returns."""
+    registry = sqlaq.Registry()
+    sums: list[int] = []
+
+    @registry.handler("square")
+    def square(payload: dict[str, Any]) -> int:
+        return int(payload["n"]) ** 2
+
+    @registry.handler("total")
+    def total(payload: dict[str, Any], session: Session) -> int:
+        parents = sqlaq.parent_results(session, sqlaq.current_job().id)
+        sums.append(sum(p.result for p in parents))
+        return sums[-1]
+
+    @registry.handler("flaky", max_attempts=1)
+    def flaky(payload: dict[str, Any]) -> None:
+        raise PermanentError("no")
+
+    @registry.handler("report")
+    def report(payload: dict[str, Any], session: Session) -> list[str]:
+        return [p.status for p in sqlaq.parent_results(session, sqlaq.current_job().id)]
+
+    chord = sqlaq.chord(
+        conn, [sqlaq.NewJob("square", {"n": n}) for n in range(4)], sqlaq.NewJob("total")
+    )
+    assert chord.callback_id is not None
+    then = sqlaq.enqueue(conn, "square", {"n": 9}, queue="later", after=[chord.callback_id])
+    batch = sqlaq.batch(
+        conn, [sqlaq.NewJob("square", {"n": 1}), sqlaq.NewJob("flaky")], sqlaq.NewJob("report")
+    )
+    assert batch.callback_id is not None
+    ran = drain(conn, registry)
+    order = [job.id for job in ran]
+    assert sums == [14]
+    assert order.index(chord.callback_id) > max(order.index(i) for i in chord.job_ids)
+    assert order.index(then.job_id) > order.index(chord.callback_id)
+    assert order.index(batch.callback_id) > max(order.index(i) for i in batch.job_ids)
+    assert len(order) == len(set(order)) == 9
+    assert sqlaq.result(conn, batch.callback_id).result == ["done", "failed"]
+    assert sqlaq.result(conn, then.job_id).result == 81

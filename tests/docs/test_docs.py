@@ -619,6 +619,73 @@ def limits_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
             transaction.rollback()
 
 
+@prelude("tenants", pages=["docs/how-to/tenants.md"])
+def tenants_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` on the test database and recording ``crm`` and ``ledger``; then claims
+    of the sample's kinds, as a worker makes them, take what the key options allow: 3
+    of tenant-42 beside tenant-7's one, and account-1's first entry only."""
+    crm, ledger = Recorder(), Recorder()
+    namespace = _jobs_module(engine=committed, crm=crm, ledger=ledger)
+    yield namespace
+
+    registry: sqlaq.Registry = namespace["registry"]
+    sync, post = _handler(registry, "sync_account"), _handler(registry, "post_entry")
+    assert (sync.key_concurrency, sync.ordered) == (3, False)
+    assert (post.key_concurrency, post.ordered) == (1, True)
+    worker_id = uuid.uuid4()
+
+    def claim_limited(handler: sqlaq.Handler) -> sqlaq.LimitedClaim:
+        with committed.begin() as conn:
+            return sqlaq.claim_limited(
+                conn,
+                worker_id=worker_id,
+                kind=handler.kind,
+                limit=10,
+                key_concurrency=handler.key_concurrency,
+                ordered=handler.ordered,
+            )
+
+    synced = claim_limited(sync)
+    assert sorted(job.payload["invoice"] for job in synced.jobs) == [1, 2, 3, 6]
+    assert claim_limited(sync).jobs == []
+    posted = claim_limited(post)
+    assert [job.payload["amount"] for job in posted.jobs] == [100]
+    assert claim_limited(post).jobs == []
+    for job in synced.jobs + posted.jobs:
+        _handler(registry, job.kind).func(job.payload)
+    with committed.begin() as conn:
+        sqlaq.complete(conn, posted.jobs[0].lease)
+    (second,) = claim_limited(post).jobs
+    _handler(registry, second.kind).func(second.payload)
+    assert sorted(crm.calls["sync"]) == [1, 2, 3, 6]
+    assert ledger.calls["post"] == [100, -30]
+
+
+@prelude("tenants-give-up")
+def tenants_give_up_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
+    """``engine`` and ``failed_id``: the first of two jobs of one key of an ordered kind,
+    failed for good, so the second waits; after the sample, the second is claimed."""
+
+    def claim() -> sqlaq.LimitedClaim:
+        with committed.begin() as conn:
+            return sqlaq.claim_limited(
+                conn, worker_id=uuid.uuid4(), kind="post_entry", ordered=True
+            )
+
+    with committed.begin() as conn:
+        first, second = (
+            sqlaq.enqueue(conn, "post_entry", key="account-1", max_attempts=1).job_id
+            for _ in range(2)
+        )
+    (job,) = claim().jobs
+    with committed.begin() as conn:
+        assert sqlaq.fail(conn, job.lease, "boom") == sqlaq.JobStatus.FAILED
+    assert claim().jobs == []
+    yield {"sqlaq": sqlaq, "engine": committed, "failed_id": first}
+
+    assert [job.id for job in claim().jobs] == [second]
+
+
 class Recorder:
     """Records the arguments of every call of any of its methods, by method name."""
 
@@ -868,7 +935,8 @@ def dashboard_prelude(committed: Engine) -> Iterator[dict[str, Any]]:
 def workflows_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
     """``conn`` on the test database (rolled back after) and a fresh ``registry``; then
     the workflow the sample enqueued is drained: every job ends ``done``, each after
-    all of its parents, and a chord's callback sums its parents' results."""
+    all of its parents, and a chord's callback sums its parents' results (but the jobs
+    a sample cancelled, which never ran)."""
     registry = sqlaq.Registry()
     yield {**_jobs_module(registry=registry, Session=Session), "conn": clean_conn}
 
@@ -879,6 +947,8 @@ def workflows_prelude(clean_conn: Connection) -> Iterator[dict[str, Any]]:
     assert rows, "the sample enqueued nothing"
     position = {job_id: i for i, job_id in enumerate(order)}  # empty: the sample drained
     for row in rows:
+        if row.status == "cancelled" and row.id not in position:
+            continue  # cancelled by the sample (sqlaq.cancel_workflow)
         assert row.status == "done", row
         for parent in (row.parent_ids or []) if order else []:
             assert position[parent] < position[row.id], (parent, row)
@@ -981,6 +1051,7 @@ ADMIN_READ_ONLY = {
     "check": rf"^sqlaq schema is at {sqlaq.migrations.HEAD} \(head\)$",
     "explain": r"^finished: failed at .* on attempt 1 of 1; last error: TimeoutError: the mail",
     "workers": r"^(worker +host +pid +queues|\(none\))",
+    "workflow": r"^1234 \* +send_email +default +failed *$",  # a plain job: a workflow of one
 }
 
 
@@ -1014,7 +1085,7 @@ def exact(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _check_sqlaq(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
     args = exact(admin.build_parser()).parse_args(argv[1:])  # UsageError on a bad flag
-    if args.command not in ADMIN_READ_ONLY:
+    if args.command not in ADMIN_READ_ONLY or getattr(args, "cancel", False):
         return  # it writes: parsed, not run
     request.getfixturevalue("failed_emails")
     environ = {"SQLAQ_DATABASE_URL": request.getfixturevalue("database_url")}
@@ -1070,6 +1141,22 @@ def _check_quickstart(argv: list[str], line: str, request: pytest.FixtureRequest
     assert re.search(r"^job \d+ is done$", run.stdout, re.MULTILINE), run.stdout
 
 
+def _check_workflow_example(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
+    """examples/workflow.py runs its chord to the end and prints the fan-in's sum."""
+    url = request.getfixturevalue("empty_database_url")
+    run = subprocess.run(
+        [sys.executable, str(ROOT / argv[1])],
+        cwd=ROOT,
+        env={**os.environ, "SQLAQ_DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "sum of squares of [1, 2, 3, 4, 5]: 55\n" in run.stdout, run.stdout
+
+
 def _check_pip(argv: list[str], line: str, request: pytest.FixtureRequest) -> None:
     """Installs or builds packages: not run by a test. The extras it names in brackets
     must be sqlaq's, and a wheel file it names must be the one ``pip wheel`` builds
@@ -1105,6 +1192,8 @@ def sh_rule(argv: list[str]) -> ShCheck | None:
             return _check_in_ci
         case ["python3", "examples/quickstart.py"]:
             return _check_quickstart
+        case ["python3", "examples/workflow.py"]:
+            return _check_workflow_example
     return None
 
 

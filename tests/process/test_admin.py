@@ -110,6 +110,45 @@ def test_show_of_an_unknown_id_exits_1(
     assert one_line_error(capsys) == "sqlaq: no job 987654321\n"
 
 
+def test_workflow_lists_a_workflow_from_any_job_and_cancels_it(
+    database_url: str, committed: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with committed.begin() as conn:
+        chord = sqlaq.chord(conn, [NewJob("count"), NewJob("count")], NewJob("total"))
+        sqlaq.enqueue(conn, "unrelated")
+    assert chord.callback_id is not None
+    members = [str(i) for i in chord.job_ids]
+    code, out = sqlaq_cmd(database_url, "workflow", members[1])
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["id", "kind", "queue", "status", "after"]
+    assert [line.split() for line in lines[1:]] == [
+        [members[0], "count", "default", "queued"],
+        [members[1], "*", "count", "default", "queued"],
+        [str(chord.callback_id), "total", "default", "waiting", f"{members[0]},", members[1]],
+    ]
+    code, out = sqlaq_cmd(database_url, "workflow", members[0], "--limit", "1", "--json")
+    shown = json.loads(out)
+    assert [j["job_id"] for j in shown["jobs"]] == [chord.job_ids[0]]
+    assert (shown["total"], shown["more"]) == (3, 2)
+
+    code, out = sqlaq_cmd(database_url, "workflow", str(chord.callback_id), "--cancel")
+    assert code == 0
+    assert out == (
+        f"cancelled 3 job(s) of job {chord.callback_id}'s workflow: "
+        f"{members[0]}, {members[1]}, {chord.callback_id}\n"
+    )
+    code, out = sqlaq_cmd(database_url, "workflow", members[0])
+    assert [line.split()[-1] for line in out.splitlines()[1:]] == [
+        "cancelled",
+        "cancelled",
+        members[1],
+    ]
+    code, _ = sqlaq_cmd(database_url, "workflow", "987654321", "--cancel")
+    assert code == 1
+    assert one_line_error(capsys) == "sqlaq: no job 987654321\n"
+
+
 def test_retry_and_cancel_by_id_and_in_bulk(
     database_url: str, committed: Engine, queue_with_history: dict[str, int]
 ) -> None:
@@ -335,6 +374,25 @@ def test_enqueue_with_a_timeout_and_unique_for(database_url: str, committed: Eng
         assert conn.execute(text("SELECT timeout FROM sqlaq_jobs")).scalar_one() == timedelta(
             seconds=90
         )
+
+
+def test_enqueue_with_a_key(
+    database_url: str, committed: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = sqlaq_cmd(database_url, "enqueue", "sync", "--key", "tenant-42")
+    assert code == 0
+    job_id = int(out.split()[1])
+    with committed.connect() as conn:
+        key = conn.execute(text("SELECT key FROM sqlaq_jobs WHERE id = :id"), {"id": job_id})
+        assert key.scalar_one() == "tenant-42"
+    capsys.readouterr()
+    code, out = sqlaq_cmd(database_url, "enqueue", "sync", "--key", " ")
+    assert (code, out) == (2, "")
+    err = capsys.readouterr().err
+    assert "key must be a non-empty name" in err
+    assert err.count("\n") == 1
+    with committed.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 1
 
 
 def test_enqueue_debounced(database_url: str, committed: Engine) -> None:

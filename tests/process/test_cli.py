@@ -567,6 +567,7 @@ def sqlaq_cmd(url: str | None, *argv: str) -> tuple[int, str]:
         (["enqueue", "k\udcff"], "KIND: 'k\\udcff' is not valid UTF-8 text"),
         (["enqueue", "k", "--queue", "q\udcff"], "--queue"),
         (["enqueue", "k", "--dedupe-key", "\x00"], "--dedupe-key"),
+        (["enqueue", "k", "--key", "\x00"], "--key"),
         (["enqueue", "k", "--payload", '{"x": "\udcff"}'], "--payload"),
         (["enqueue", "k", "--payload", '{"x": "a\\ud800b"}'], "payload['x'] contains a lone"),
         (["enqueue", "k", "--payload", "[" * 100_000], "--payload: invalid JSON payload"),
@@ -712,6 +713,7 @@ ADMIN_ARGS = [
     ["enqueue", "k", "--max-attempts"],
     ["enqueue", "k", "--payload"],
     ["enqueue", "k", "--dedupe-key"],
+    ["enqueue", "k", "--key"],
     ["enqueue"],
 ]
 

@@ -275,6 +275,72 @@ def test_job_page_shows_everything_escaped(
     assert 'id="cancel-job"' in running
 
 
+def test_job_page_draws_its_workflow_with_every_edge_escaped(
+    client: TestClient, committed: Engine, jobs: dict[str, int]
+) -> None:
+    with committed.begin() as conn:
+        root = sqlaq.enqueue(conn, "root").job_id
+        chord = sqlaq.chord(
+            conn,
+            [sqlaq.NewJob("count", {"n": n}) for n in range(3)],
+            sqlaq.NewJob(f"sum{SCRIPT}"),
+            after=[root],
+        )
+        finish_long_ago(conn, root, "done", "1 minute")
+    assert chord.callback_id is not None
+    html = client.get(f"/jobs/{chord.job_ids[1]}").text
+    assert SCRIPT not in html
+    assert 'id="workflow-graph"' in html
+    drawn = re.findall(r'<a href="[^"]*/jobs/(\d+)" class="wf-node wf-(\w+)( wf-current)?"', html)
+    assert [(int(i), status, bool(cur)) for i, status, cur in drawn] == [
+        (root, "done", False),
+        (chord.job_ids[0], "queued", False),
+        (chord.job_ids[1], "queued", True),
+        (chord.job_ids[2], "queued", False),
+        (chord.callback_id, "waiting", False),
+    ]
+    # root -> each member, each member -> the callback.
+    assert html.count('class="wf-edge"') == 6
+    assert "sum&lt;script&gt;" in html
+    table = html[html.index('id="workflow-jobs"') :]
+    assert ", ".join(f'<a href="/jobs/{m}">{m}</a>' for m in chord.job_ids) in table
+    assert 'id="workflow-more"' not in html
+    # A job outside any workflow has no such section.
+    assert 'id="workflow"' not in client.get(f"/jobs/{jobs['queued']}").text
+
+
+def test_a_large_workflow_is_drawn_in_part_with_how_many_more(
+    client: TestClient, committed: Engine
+) -> None:
+    members = reads.WORKFLOW_SHOWN + 5
+    with committed.begin() as conn:
+        chord = sqlaq.chord(conn, [sqlaq.NewJob("count")] * members, sqlaq.NewJob("sum"))
+    html = client.get(f"/jobs/{chord.callback_id}").text
+    assert html.count('class="wf-node') == reads.WORKFLOW_SHOWN
+    more = re.search(r'id="workflow-more">([\d,]+) more jobs', html)
+    assert more is not None
+    assert int(more[1]) == members + 1 - reads.WORKFLOW_SHOWN
+
+
+def test_a_workflow_too_slow_to_walk_is_not_drawn_and_the_page_stands(
+    client: TestClient, committed: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with committed.begin() as conn:
+        chord = sqlaq.chord(conn, [sqlaq.NewJob("count")] * 3, sqlaq.NewJob("sum"))
+        # Each member's walk down reads every job enqueued after it.
+        conn.execute(
+            text("INSERT INTO sqlaq_jobs (kind) SELECT 'x' FROM generate_series(1, 300000)")
+        )
+    monkeypatch.setattr(reads, "WORKFLOW_TIMEOUT", "1ms")
+    response = client.get(f"/jobs/{chord.job_ids[0]}")
+    assert response.status_code == 200
+    assert 'id="workflow-slow"' in response.text
+    assert 'id="workflow-graph"' not in response.text
+    assert pre(response.text, "payload") == "{}"
+    monkeypatch.setattr(reads, "WORKFLOW_TIMEOUT", "60s")
+    assert 'id="workflow-graph"' in client.get(f"/jobs/{chord.job_ids[0]}").text
+
+
 def test_job_page_shows_a_result_when_the_table_stores_one(
     client: TestClient, committed: Engine, jobs: dict[str, int]
 ) -> None:

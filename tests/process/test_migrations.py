@@ -117,6 +117,7 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_trigger", "sqlaq_jobs_deps_trg"),
         ("pg_type", "sqlaq_job_deps"),
         ("pg_type", "_sqlaq_job_deps"),
+        ("pg_class", "sqlaq_jobs_key_idx"),
     }
 )
 # NOT NULL constraints are left out (contype 'n'): PostgreSQL 18 lists them in
@@ -168,6 +169,11 @@ EXPECTED_INDEXES = {
     "sqlaq_jobs_waiting_idx": (
         "CREATE INDEX sqlaq_jobs_waiting_idx ON public.sqlaq_jobs USING btree (id) "
         "WHERE ((status = 'queued'::text) AND (parent_ids IS NOT NULL))"
+    ),
+    "sqlaq_jobs_key_idx": (
+        "CREATE INDEX sqlaq_jobs_key_idx ON public.sqlaq_jobs USING btree (kind, key, id) "
+        "WHERE ((key IS NOT NULL) AND (status = ANY (ARRAY['queued'::text, 'running'::text, "
+        "'failed'::text])))"
     ),
     "sqlaq_jobs_pkey": "CREATE UNIQUE INDEX sqlaq_jobs_pkey ON public.sqlaq_jobs USING btree (id)",
 }
@@ -645,7 +651,7 @@ def test_operators_revision_rewrites_nothing_and_walks_back_to_0003(fresh_url: s
         assert (
             _objects(conn)
             == before | OPERATOR_OBJECTS
-            == (SQLAQ_OBJECTS - DEBOUNCE_OBJECTS - WORKFLOW_OBJECTS)
+            == (SQLAQ_OBJECTS - DEBOUNCE_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS)
         )
         assert _columns(conn) == [*columns_before, "headers"]
         headers = conn.execute(text("SELECT DISTINCT headers FROM sqlaq_jobs")).all()
@@ -691,7 +697,11 @@ def test_debounce_revision_rewrites_nothing_and_walks_back_to_0004(fresh_url: st
         sqlaq.migrations.upgrade(conn, "sqlaq_0005")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0005"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | DEBOUNCE_OBJECTS == SQLAQ_OBJECTS - WORKFLOW_OBJECTS
+        assert (
+            _objects(conn)
+            == before | DEBOUNCE_OBJECTS
+            == SQLAQ_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS
+        )
         assert _columns(conn) == [*columns_before, "debounce_key", "timeout"]
         added = conn.execute(text("SELECT DISTINCT debounce_key, timeout FROM sqlaq_jobs")).all()
         assert [tuple(row) for row in added] == [(None, None)]
@@ -1119,7 +1129,7 @@ def test_workflow_revision_rewrites_nothing_and_walks_back_to_0005(fresh_url: st
         sqlaq.migrations.upgrade(conn, "sqlaq_0006")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0006"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | WORKFLOW_OBJECTS == SQLAQ_OBJECTS
+        assert _objects(conn) == before | WORKFLOW_OBJECTS == SQLAQ_OBJECTS - KEY_OBJECTS
         assert _columns(conn) == [
             *columns_before,
             "has_dependents",
@@ -1140,17 +1150,17 @@ def test_workflow_revision_rewrites_nothing_and_walks_back_to_0005(fresh_url: st
         conn.commit()
 
 
-def test_claim_bounds_revision_changes_the_payload_alone_and_walks_back_to_0006(
+def test_claim_bounds_revision_changes_the_payload_alone_and_walks_back_to_0007(
     fresh_url: str,
 ) -> None:
     """sqlaq_0008 replaces the insert trigger's function only: the payload gains the
-    position (``'<queue> <priority> <microseconds>'``); a downgrade to sqlaq_0006
+    position (``'<queue> <priority> <microseconds>'``); a downgrade to sqlaq_0007
     restores the queue alone, and the same objects."""
     conninfo = make_url(fresh_url).set(drivername="postgresql").render_as_string(False)
     insert = text("INSERT INTO sqlaq_jobs (queue, kind, priority) VALUES ('q1', 'k', 2)")
     with _connect(fresh_url) as conn, psycopg.connect(conninfo, autocommit=True) as listener:
         listener.execute("LISTEN sqlaq_jobs")
-        sqlaq.migrations.upgrade(conn, "sqlaq_0006")
+        sqlaq.migrations.upgrade(conn, "sqlaq_0007")
         before = _objects(conn)
         conn.execute(insert)
         conn.commit()
@@ -1164,8 +1174,8 @@ def test_claim_bounds_revision_changes_the_payload_alone_and_walks_back_to_0006(
         [payload] = _received(listener, 1)
         assert re.fullmatch(r"q1 2 [0-9]{16}", payload), payload
 
-        sqlaq.migrations.downgrade(conn, "sqlaq_0006")
-        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0006"
+        sqlaq.migrations.downgrade(conn, "sqlaq_0007")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0007"
         assert _objects(conn) == before
         conn.execute(insert)
         conn.commit()
@@ -1259,3 +1269,38 @@ def test_a_branch_label_downgrades_one_branch_and_leaves_the_other(
         assert _versions(conn, "alembic_version") == sorted([host_first, HEAD])
         assert _objects(conn) == SQLAQ_OBJECTS
         assert _tables(conn, "orders", "invoices") == {"orders": True, "invoices": False}
+
+
+#: What sqlaq_0007 adds to sqlaq_0006's objects: the key index.
+KEY_OBJECTS = frozenset({("pg_class", "sqlaq_jobs_key_idx")})
+
+
+def test_keys_revision_rewrites_nothing_and_walks_back_to_0006(fresh_url: str) -> None:
+    """sqlaq_0007 on a table with rows keeps its file (``key`` is nullable without a
+    default), adds the key index only, and a downgrade to sqlaq_0006 removes exactly
+    what it added."""
+    relfilenode = text("SELECT relfilenode FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
+    with _connect(fresh_url) as conn:
+        sqlaq.migrations.upgrade(conn, "sqlaq_0006")
+        conn.execute(text("INSERT INTO sqlaq_jobs (kind) SELECT 'k' FROM generate_series(1, 100)"))
+        conn.commit()
+        before = _objects(conn)
+        columns_before = _columns(conn)
+        file_before = conn.execute(relfilenode).scalar_one()
+        conn.commit()
+
+        sqlaq.migrations.upgrade(conn, "sqlaq_0007")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0007"
+        assert conn.execute(relfilenode).scalar_one() == file_before
+        assert _objects(conn) == before | KEY_OBJECTS == SQLAQ_OBJECTS
+        assert _columns(conn) == [*columns_before, "key"]
+        keys = conn.execute(text("SELECT DISTINCT key FROM sqlaq_jobs")).scalars().all()
+        assert keys == [None]
+        conn.commit()
+
+        sqlaq.migrations.downgrade(conn, "sqlaq_0006")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0006"
+        assert _objects(conn) == before
+        assert _columns(conn) == columns_before
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
+        conn.commit()

@@ -102,6 +102,7 @@ CALLS: dict[str, list[Any]] = {
     "claim_stmt": [
         {"queue": "q", "worker_id": WORKER, "limit": 5, "lease": SECONDS},
         {"queue": "q", "worker_id": WORKER, "limit": 5, "lease": SECONDS, "kind": "k"},
+        {"queue": "q", "worker_id": WORKER, "limit": 5, "lease": SECONDS, "kind": "k", "ids": True},
         {
             "queue": "q",
             "worker_id": WORKER,
@@ -141,6 +142,11 @@ CALLS: dict[str, list[Any]] = {
         {"where": [jobs.c.payload["region"].astext == "eu", jobs.c.priority > 1]},
     ],
     "lock_kind_stmt": [{"kind": "k"}],
+    "key_running_stmt": [{"kind": "k"}],
+    "keyed_candidates_params": [
+        {"queue": "q", "kind": "k", "limit": 5, "full_keys": ["a"], "picked": [1, 2]}
+    ],
+    "keyed_candidates_stmt": [{"ordered": False}, {"ordered": True}],
     "kind_limit_state_params": [{"kind": "k", "rate": None}, {"kind": "k", "rate": RATE}],
     "kind_limit_state_stmt": [{"kind": "k", "rate": None}, {"kind": "k", "rate": RATE}],
     "record_starts_params": [{"kind": "k", "rate": RATE, "started": 3}],
@@ -157,6 +163,7 @@ CALLS: dict[str, list[Any]] = {
     "fail_stmt": [{"lease": LEASE, "error": "boom", "retry_in": SECONDS}],
     "retry_stmt": [{"job_ids": [1, 2]}],
     "cancel_stmt": [{"job_ids": [1, 2]}],
+    "cancel_workflow_stmt": [{"job_id": 9}],
     "cancelled_among_stmt": [{"job_ids": [1, 2]}],
     "blocking_references_stmt": [{}],
     "prune_stmt": [
@@ -208,6 +215,7 @@ CALLS: dict[str, list[Any]] = {
     "stats_counts_stmt": [{}],
     "stats_health_stmt": [{}],
     "get_job_stmt": [{"job_id": 1}],
+    "key_state_stmt": [{"kind": "k", "key": "acme", "job_id": 7}],
     "job_outcome_stmt": [{"job_id": 1}],
     "watch_job_stmt": [{"job_id": 1}],
     "count_jobs_stmt": [{}, {"statuses": {JobStatus.FAILED}, "kind": "k", "queue": "q"}],
@@ -282,6 +290,9 @@ CALLS: dict[str, list[Any]] = {
     "release_waiting_stmt": [{"limit": 1000}],
     "waiting_for_stmt": [{"job_id": 9}],
     "parent_results_stmt": [{"job_id": 9}],
+    "workflow_cte": [{"job_id": 9}],
+    "set_setting_stmt": [{"name": "jit", "value": "off"}],
+    "workflow_stmt": [{"job_id": 9, "limit": 200, "count_limit": 10000}],
 }
 
 #: Constant column lists and values of the module, pinned beside the builders.

@@ -124,6 +124,27 @@ def test_a_release_notification_makes_the_worker_check_the_job_again(committed: 
     assert result.job_id == held
 
 
+def test_a_burst_worker_runs_a_chord_to_its_callback(committed: Engine) -> None:
+    """The members' completions release the callback in their own commit (the trigger),
+    after the claim that found nothing due: a burst worker looks again before it exits."""
+    registry = sqlaq.Registry()
+
+    @registry.handler("square")
+    def square(payload: dict[str, Any]) -> int:
+        return int(payload["n"]) ** 2
+
+    @registry.handler("total")
+    def total(payload: dict[str, Any]) -> None:
+        pass
+
+    with committed.begin() as conn:
+        flow = sqlaq.chord(conn, [NewJob("square", {"n": n}) for n in range(3)], NewJob("total"))
+    recorder = Recorder()
+    fast_worker(committed, registry, recorder, burst=True, concurrency=2).run()
+    assert sorted(r.job_id for r in recorder.results) == [*flow.job_ids, flow.callback_id]
+    assert recorder.results[-1].job_id == flow.callback_id
+
+
 def test_a_burst_worker_releases_what_a_race_left_before_it_exits(committed: Engine) -> None:
     """A burst worker has no listener and no leader's sweep: before it exits it
     releases the waiting jobs whose parents have all finished, and runs them."""

@@ -1,7 +1,7 @@
 """claim bounds: the insert trigger's NOTIFY says where the new jobs sit in the claim index
 
 Revision ID: sqlaq_0008
-Revises: sqlaq_0006
+Revises: sqlaq_0007
 Create Date: 2026-12-04
 
 Frozen literal DDL, like the revisions before it; only a function is replaced (no table
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "sqlaq_0008"
-down_revision: str | None = "sqlaq_0006"
+down_revision: str | None = "sqlaq_0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -59,7 +59,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
-        "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0006'::text $$"
+        "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0007'::text $$"
     )
     op.execute(
         """
