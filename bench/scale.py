@@ -25,8 +25,14 @@ and ``scale_starved`` starts a PostgreSQL server of its own): name them.
   whole drain (its snapshot holds back the xmin horizon: no dead tuple or index entry of
   the drain can be removed), at four claim batches (``HELD_SETTINGS``: the old defaults,
   today's, the best no-op settings, a deep prefetch); the ratio, and the median of a
-  10-job claim timed every 100 ms during the drain (another consumer: its jobs count
-  as run once).
+  10-job claim timed every 100 ms during the drain (another consumer claiming as a
+  worker does, from its last position: its jobs count as run once).
+  ``SQLAQ_BENCH_HELD_SETTINGS=defaults`` (labels, comma-separated) runs only those.
+* ``scale_held_steady`` one long-running worker (defaults) fed ``SQLAQ_BENCH_STEADY_RATE``
+  (default 500) jobs/s in batches every 20 ms for ``SQLAQ_BENCH_STEADY_SECONDS`` (default
+  600) with a snapshot held for the whole run: commit-to-start p50/p99 of the first and
+  the last whole minute, and the p99's ratio (a claim that slows with the dead entries
+  shows as a rising tail).
 * ``scale_starved``    6 long-running workers (LISTEN and maintenance on: 4 connections
   each) on a throwaway server with ``max_connections=20`` (initdb'd as the ``postgres``
   OS user into a temporary folder, on a free port; stopped and deleted afterwards),
@@ -64,7 +70,10 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 import sqlaq
+from sqlaq.drive import run as run_plan
 from sqlaq.ops import DEFAULT_LEASE
+from sqlaq.ops.claiming import claim_bounded
+from sqlaq.schema import DEFAULT_QUEUE
 
 PROCESS_JOBS = {"noop": 40_000, "sleep10": 20_000}
 BACKLOG = int(os.environ.get("SQLAQ_BENCH_BACKLOG", "1000000"))
@@ -369,17 +378,34 @@ def drain_backlog(b: Any, worker: Spawn) -> None:
 @contextmanager
 def claim_sampler(engine: Engine, every: float = 0.1) -> Iterator[tuple[list[float], list[int]]]:
     """Claims 10 jobs every *every* s (completing them): the claim's times (ms) and the
-    ids it took, while a drain runs."""
+    ids it took, while a drain runs. The claim is a worker's (from the position of the
+    last job it took, a full one at each poll: :mod:`sqlaq.worker.fetcher`), so it
+    costs what another worker's would."""
     times: list[float] = []
     taken: list[int] = []
     stop = threading.Event()
     worker_id = uuid.uuid4()
+    poll = sqlaq.WorkerConfig().poll_interval.total_seconds()
 
     def loop() -> None:
+        position = None
+        next_poll = time.monotonic() + poll
         with engine.connect() as conn:
             while not stop.wait(every):
+                if time.monotonic() >= next_poll:
+                    position, next_poll = None, time.monotonic() + poll
                 start = time.perf_counter()
-                jobs = sqlaq.claim(conn, worker_id=worker_id, limit=10)
+                jobs, last = run_plan(
+                    conn,
+                    claim_bounded(
+                        worker_id=worker_id,
+                        queue=DEFAULT_QUEUE,
+                        limit=10,
+                        lease=DEFAULT_LEASE,
+                        after=position,
+                    ),
+                )
+                position = last or position
                 elapsed = (time.perf_counter() - start) * 1000
                 sqlaq.complete(conn, [j.lease for j in jobs])
                 conn.commit()
@@ -422,7 +448,15 @@ HELD_SETTINGS = {
 def held_xmin(b: Recorder, worker: Spawn) -> None:
     """The same drain without and with a snapshot held open, at a few claim batches."""
     size = f"{HELD_JOBS:,}"
-    for label, flags in HELD_SETTINGS.items():
+    # SQLAQ_BENCH_HELD_SETTINGS=defaults (labels of HELD_SETTINGS, comma-separated):
+    # only those, e.g. for a drain of 1,000,000 jobs.
+    chosen = os.environ.get("SQLAQ_BENCH_HELD_SETTINGS")
+    settings = {
+        label: flags
+        for label, flags in HELD_SETTINGS.items()
+        if chosen is None or label in chosen.split(",")
+    }
+    for label, flags in settings.items():
         rates = {}
         for held in (False, True):
             fill_sql(b.engine, "noop", HELD_JOBS)
@@ -448,6 +482,79 @@ def held_xmin(b: Recorder, worker: Spawn) -> None:
         b.record(
             f"17. held xmin, {size} jobs, {label}: held / not held", rates[True] / rates[False]
         )
+
+
+#: The steady run: its length (s) and arrival rate (jobs/s), enqueued in batches every 20 ms.
+STEADY_SECONDS = float(os.environ.get("SQLAQ_BENCH_STEADY_SECONDS", "600"))
+STEADY_RATE = int(os.environ.get("SQLAQ_BENCH_STEADY_RATE", "500"))
+STEADY_TICK = 0.020
+
+
+def held_steady(b: Recorder, worker: Spawn) -> None:
+    """A long-running worker (defaults) fed at a fixed rate for STEADY_SECONDS with a
+    snapshot held for the whole run: the time from each batch's commit to its handlers'
+    start, per minute (first and last), and their ratio (flat is 1)."""
+    b.reset()
+    committed: dict[int, float] = {}
+    per_tick = max(1, round(STEADY_RATE * STEADY_TICK))
+    with held_snapshot(b), worker(b, *QUIET) as wait:
+        deadline = time.monotonic() + 30
+        with b.engine.connect() as conn:
+            listening = text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'sqlaq-listener' AND query LIKE 'LISTEN%'"
+            )
+            while not conn.execute(listening).scalar_one():
+                conn.rollback()
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the worker never started listening")
+                time.sleep(0.05)
+            conn.rollback()
+            start = next_tick = time.monotonic()
+            batch = [sqlaq.NewJob("wake")] * per_tick
+            while time.monotonic() - start < STEADY_SECONDS:
+                results = sqlaq.enqueue_many(conn, batch)
+                conn.commit()
+                now = time.time()
+                for result in results:
+                    committed[result.job_id] = now
+                next_tick += STEADY_TICK
+                delay = next_tick - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        deadline = time.monotonic() + 120
+        with b.engine.connect() as conn:
+            done = text("SELECT count(*) FROM sqlaq_jobs WHERE status = 'done'")
+            while conn.execute(done).scalar_one() < len(committed):
+                conn.rollback()
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the steady run's jobs were not done 120 s after")
+                time.sleep(0.2)
+        for proc in b.workers:
+            proc.send_signal(signal.SIGTERM)  # a graceful stop: the ledger is written
+        run = wait(60)
+    started = {job_id: at for job_id, kind, at in run.ledger if kind == "wake"}
+    if set(started) != set(committed) or len(run.ledger) != len(committed):
+        raise RuntimeError(f"{len(run.ledger)} runs for {len(committed)} jobs")
+    first = min(committed.values())
+    minutes: dict[int, list[float]] = {}
+    for job_id, at in committed.items():
+        minutes.setdefault(int((at - first) // 60), []).append((started[job_id] - at) * 1000)
+    # Whole minutes (the last may be cut short); a run under a minute has its one.
+    whole = [m for m, values in minutes.items() if len(values) >= STEADY_RATE * 50] or [0]
+    label = f"{STEADY_SECONDS / 60:.0f} min at {STEADY_RATE}/s, snapshot held"
+    for which, minute in (("first", min(whole)), ("last", max(whole))):
+        values = sorted(minutes[minute])
+        for q in (0.5, 0.99):
+            b.record(
+                f"19. steady, {label}: {which} minute, commit to start p{round(q * 100)} (ms)",
+                values[min(len(values) - 1, int(q * len(values)))],
+            )
+    p99 = {
+        m: sorted(minutes[m])[min(len(minutes[m]) - 1, int(0.99 * len(minutes[m])))] for m in whole
+    }
+    b.record(f"19. steady, {label}: p99 last / first minute", p99[max(whole)] / p99[min(whole)])
+    b.record(f"19. steady, {label}: load", float(load().split()[0]))
 
 
 # --- (d) more workers than max_connections ---------------------------------------------
@@ -603,5 +710,6 @@ def scenarios(worker: Spawn) -> dict[str, Callable[[Any], None]]:
         "scale_processes": lambda b: processes(b, worker),
         "scale_backlog": lambda b: backlog(b, worker),
         "scale_held_xmin": lambda b: held_xmin(b, worker),
+        "scale_held_steady": lambda b: held_steady(b, worker),
         "scale_starved": lambda b: starved(b, worker),
     }

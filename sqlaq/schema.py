@@ -79,7 +79,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 
 TABLE_NAME = "sqlaq_jobs"
-#: The NOTIFY channel the insert trigger signals, with the job's queue as payload.
+#: The NOTIFY channel the insert trigger signals, with the job's queue as payload,
+#: followed (since sqlaq_0008) by the highest priority and the earliest ``run_at`` (in
+#: microseconds since 1970) of the due jobs the statement inserted there:
+#: ``'<queue> <priority> <microseconds>'`` (see :func:`sqlaq.worker.fetcher.parse_wake`).
 CHANNEL = "sqlaq_jobs"
 CLAIM_INDEX = "sqlaq_jobs_claim_idx"
 DEDUPE_INDEX = "sqlaq_jobs_dedupe_idx"

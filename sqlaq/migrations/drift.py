@@ -184,8 +184,11 @@ EXPECTED_FUNCTIONS: Mapping[str, str] = {
     NOTIFY_FUNCTION: (
         f"CREATE OR REPLACE FUNCTION {NOTIFY_FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
         "AS $function$ BEGIN IF coalesce(current_setting('sqlaq.notify', true), '') <> 'off' "
-        "THEN PERFORM pg_notify('sqlaq_jobs', q.queue) FROM (SELECT DISTINCT queue FROM "
-        "sqlaq_new_jobs WHERE run_at <= now()) AS q; END IF; RETURN NULL; END $function$"
+        "THEN PERFORM pg_notify('sqlaq_jobs', q.queue || coalesce(' ' || q.priority || ' ' "
+        "|| (extract(epoch FROM q.run_at) * 1000000)::bigint, '')) FROM (SELECT queue, "
+        "max(priority) AS priority, CASE WHEN isfinite(min(run_at)) THEN min(run_at) END AS "
+        "run_at FROM sqlaq_new_jobs WHERE run_at <= now() GROUP BY queue) AS q; END IF; "
+        "RETURN NULL; END $function$"
     ),
     FINISH_FUNCTION: (
         f"CREATE OR REPLACE FUNCTION {FINISH_FUNCTION}() RETURNS trigger LANGUAGE plpgsql "

@@ -12,7 +12,7 @@ from uuid import UUID, uuid4
 from sqlalchemy import ColumnElement
 
 from sqlaq import queries
-from sqlaq.drive import AUTOCOMMIT, Plan, operation
+from sqlaq.drive import AUTOCOMMIT, Plan, operation, plan_of
 from sqlaq.encoding import (
     check_duration,
     check_name,
@@ -24,6 +24,7 @@ from sqlaq.limits import Rate, allowance
 from sqlaq.ops._citus import DISTRIBUTED, refuse
 from sqlaq.ops._common import _NIL, DEFAULT_LEASE, _check_positive
 from sqlaq.option import Weights
+from sqlaq.queries import FULL_CLAIM, ClaimPosition
 from sqlaq.queries import citus as citus_queries
 from sqlaq.records import ClaimedJob, LimitedClaim
 from sqlaq.schema import (
@@ -36,6 +37,14 @@ _CLAIM_KIND = queries.claim_stmt(queue="_", worker_id=_NIL, limit=1, lease=DEFAU
 
 _CLAIM_EXCLUDING = queries.claim_stmt(
     queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, exclude_kinds=["_"]
+)
+
+_CLAIM_BOUNDED = queries.claim_stmt(
+    queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, bounded=True
+)
+
+_CLAIM_BOUNDED_EXCLUDING = queries.claim_stmt(
+    queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, exclude_kinds=["_"], bounded=True
 )
 
 _LOCK_KIND = queries.lock_kind_stmt(kind="_")
@@ -133,6 +142,57 @@ def claim(
     return _claimed(claimed.all(), worker_id, lease)
 
 
+def claim_bounded(
+    *,
+    worker_id: UUID,
+    queue: str,
+    limit: int,
+    lease: timedelta,
+    after: ClaimPosition | None,
+    exclude_kinds: Collection[str] = (),
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+) -> Plan[tuple[list[ClaimedJob], ClaimPosition | None]]:
+    """The worker's claim: :func:`claim` starting after the claim index's position
+    *after* (None: from the queue's first entry), see :func:`sqlaq.queries.claim_stmt`
+    (``bounded``). A plan, run by the worker's fetcher (not an operation of the API).
+    On a job table distributed on Citus it is :func:`claim` itself (no position).
+
+    Returns the claimed jobs, and the position of the last job the claim took (its
+    ``run_at`` as it was before the claim; a job it marked failed counts), where the
+    next claim may start; None when it took none.
+    """
+    if (yield DISTRIBUTED):  # on Citus, the plain claim's shape: no bound (yet)
+        jobs = yield from plan_of(claim)(
+            worker_id=worker_id,
+            queue=queue,
+            limit=limit,
+            lease=lease,
+            exclude_kinds=exclude_kinds,
+            where=where,
+        )
+        return jobs, None
+    _check_claim(worker_id, queue, limit, lease)
+    kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
+    params = queries.claim_params(
+        queue=queue,
+        worker_id=worker_id,
+        limit=limit,
+        lease=lease,
+        exclude_kinds=kinds,
+        after=FULL_CLAIM if after is None else after,
+    )
+    if where is not None and not (isinstance(where, Sequence) and not where):
+        stmt = _narrowed_claim(where, "bounded-excluding" if kinds else "bounded")
+    else:
+        stmt = _CLAIM_BOUNDED_EXCLUDING if kinds else _CLAIM_BOUNDED
+    rows = (yield stmt, params).all()
+    if not rows:
+        return [], None
+    # The last three columns: the position of the last job claimed, on every row.
+    position = ClaimPosition(*rows[0][-3:])
+    return _claimed([row[:-3] for row in rows], worker_id, lease), position
+
+
 def _narrows(where: Any) -> bool:
     return where is not None and not (isinstance(where, Sequence) and not where)
 
@@ -205,7 +265,8 @@ def claim_fair(
 # Narrowed claims, by the identity of their clause(s) and their variant ("": plain,
 # "excluding": excluding kinds, "kind": one kind's, "keyed"/"ordered": a keyed kind's
 # candidates; "citus", "citus-excluding", "citus-kind", "citus-ordered": the same on a
-# job table distributed on Citus). Each entry keeps its
+# job table distributed on Citus; "bounded", "bounded-excluding": the worker's bounded
+# claims). Each entry keeps its
 # clauses alive, so an id cannot be reused while it is cached.
 _NARROWED: dict[tuple[tuple[int, ...], str], tuple[tuple[object, ...], Any]] = {}
 
@@ -242,8 +303,9 @@ def _narrowed_claim(where: Any, variant: str) -> Any:
             limit=1,
             lease=DEFAULT_LEASE,
             kind="_" if variant == "kind" else None,
-            exclude_kinds=["_"] if variant == "excluding" else (),
+            exclude_kinds=["_"] if variant in ("excluding", "bounded-excluding") else (),
             where=list(clauses),
+            bounded=variant in ("bounded", "bounded-excluding"),
         )
     with _NARROWED_LOCK:  # worker threads claim at once
         if len(_NARROWED) >= _NARROWED_MAX:

@@ -67,6 +67,8 @@ from sqlaq.queries.catalog import (
     schema_revision_stmt,
 )
 from sqlaq.queries.claim import (
+    FULL_CLAIM,
+    ClaimPosition,
     claim_params,
     claim_stmt,
     fair_claim_params,
@@ -199,9 +201,11 @@ __all__ = [
     "BUSIEST_KEYS",
     "CLAIM_COLUMNS",
     "COPY_COLUMNS",
+    "FULL_CLAIM",
     "LARGE_VALUES",
     "OUTCOME_COLUMNS",
     "WAIT_PERCENTILES",
+    "ClaimPosition",
     "Reference",
     "blocking_references_stmt",
     "busiest_keys_stmt",

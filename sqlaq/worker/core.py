@@ -48,6 +48,7 @@ from sqlaq import ops, queries
 from sqlaq.config import WorkerConfig, check_options
 from sqlaq.dsn import ASYNC_DRIVERS, SYNC_DRIVER, sync_url
 from sqlaq.errors import ConfigError, SchemaOutOfDateError
+from sqlaq.queries import ClaimPosition
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -57,7 +58,7 @@ from sqlaq.registry import Registry
 from sqlaq.schema import CANCEL_CHANNEL, CHANNEL, RELEASE_CHANNEL
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
 from sqlaq.worker import pool, processes
-from sqlaq.worker.fetcher import Fetcher
+from sqlaq.worker.fetcher import Fetcher, parse_wake
 from sqlaq.worker.leases import Leases
 from sqlaq.worker.listener import Listener, Waker, connection_params
 from sqlaq.worker.pacing import Pace
@@ -164,7 +165,9 @@ class Worker:
         self._forced = False
         # Inboxes filled by other threads (deque.append is atomic).
         self._finished: deque[Finished] = deque()  # the runner's
-        self._woken: deque[str | None] = deque()  # the listener's: queues (None: all)
+        # The listener's: queues with the position of their new jobs, if known (None:
+        # every queue, anywhere).
+        self._woken: deque[tuple[str, ClaimPosition | None] | None] = deque()
         self._cancels: deque[int] = deque()  # the listener's: job ids
         self._releases: deque[int] = deque()  # the listener's: waiting jobs to check
         self._unwritten: list[tuple[Finished, Outcome]] = []  # not yet handed to the writer
@@ -417,12 +420,12 @@ class Worker:
     def _collect(self) -> None:
         """Take in what other threads reported: finished runs, notifications, cancels."""
         while self._woken:
-            queue = self._woken.popleft()
-            if queue is None:  # the listener (re)connected: what it missed is looked up
-                self._fetcher.woken(self.config.queues)  # new jobs: a claim at once
+            woken = self._woken.popleft()
+            if woken is None:  # the listener (re)connected: what it missed is looked up
+                self._fetcher.woken(self.config.queues)  # new jobs: a full claim at once
                 self._leases.renew_soon()  # cancels of held jobs: a renewal at once
             else:
-                self._fetcher.woken((queue,))
+                self._fetcher.notified(*woken)
         while self._cancels:
             self._leases.cancelled(self._cancels.popleft())
         if self._releases:
@@ -647,8 +650,12 @@ class Worker:
         elif channel == RELEASE_CHANNEL:
             if payload and payload.isdigit():
                 self._releases.append(int(payload))
-        elif payload is None or payload in self.config.queues:
-            self._woken.append(payload)
+        elif payload is None:
+            self._woken.append(None)
+        else:
+            woken = parse_wake(payload, self.config.queues)
+            if woken is not None:
+                self._woken.append(woken)
 
     def _back_off(self, error: BaseException) -> None:
         self._db_failures += 1

@@ -8,7 +8,12 @@ other kinds in one statement on a connection held in autocommit (a claim is one
 statement: no BEGIN or COMMIT round trip). It hands claimed jobs back; starting them is
 the worker's.
 
-The plain claim is :func:`sqlaq.ops.claim`'s plan, run here by
+The plain claim is bounded (:func:`sqlaq.ops.claiming.claim_bounded`): it starts at the
+claim index's position of the last job claimed from the queue, so a snapshot held
+elsewhere, which keeps the dead entries of every job claimed since, cannot slow it; the
+insert trigger's NOTIFY moves the bound back to where new jobs sit, and a poll, a
+reconnect or a notification without a position makes the next claim a full one
+(``docs/explanation/held-snapshots.md``). It is run by
 :class:`~sqlaq.worker.precompiled.Precompiled`: its statement compiled once to the
 driver's SQL and executed on the psycopg cursor itself (prepared on the server after a
 few runs, as psycopg does unless the URL says ``prepare_threshold=none``), its rows read
@@ -19,8 +24,9 @@ wake-up.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import suppress
+from datetime import UTC, datetime, timedelta
 from time import monotonic
 from typing import Any
 from uuid import UUID
@@ -33,14 +39,53 @@ from sqlaq.config import WorkerConfig
 from sqlaq.drive import plan_of
 from sqlaq.errors import ConfigError
 from sqlaq.lease import Lease
+from sqlaq.ops.claiming import claim_bounded
+from sqlaq.queries import ClaimPosition
 from sqlaq.registry import Registry
 from sqlaq.transient import describe, is_transient
 from sqlaq.worker.gates import KindGates
 from sqlaq.worker.precompiled import Precompiled
 
-__all__ = ["Fetcher"]
+__all__ = ["FULL_CLAIM_SPACING", "Fetcher", "parse_wake"]
 
-_CLAIM = plan_of(ops.claim)
+#: A listening worker's poll makes its next claim a full one only this many times the
+#: last full claim's duration after it: a full claim walks the dead index entries a held
+#: snapshot keeps (100 to 200 ms after 300,000 jobs), and while it runs the worker starts
+#: nothing, so they take at most 0.5 % of its time. Without such a snapshot a full claim
+#: takes a millisecond or two: each poll's claim is a full one. (A worker no NOTIFY
+#: reaches makes every poll's claim a full one: it has no other way to find a job that
+#: became due behind its bound.)
+FULL_CLAIM_SPACING = 200
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MIN_ID = -(2**63)  # below any id: a position before every job of its (priority, run_at)
+
+
+def parse_wake(payload: str, queues: Collection[str]) -> tuple[str, ClaimPosition | None] | None:
+    """What a notification on ``sqlaq_jobs`` says: which of *queues* has new due jobs,
+    and the earliest place they may sit in the claim index (None: unknown, anywhere).
+
+    The insert trigger (revision ``sqlaq_0008``) sends ``<queue> <priority> <run_at in
+    microseconds since 1970>``: the highest priority and the earliest ``run_at`` of the
+    due jobs one statement inserted into the queue, so no new job sits before
+    ``(priority, run_at)``. Anything else naming a queue (the queue alone: sqlaq's other
+    senders, an older trigger, ``NOTIFY sqlaq_jobs, 'q'`` by hand) gives no position.
+    A payload that is exactly one of *queues* is that queue, whatever it holds. None:
+    none of *queues*.
+    """
+    if payload in queues:
+        return payload, None
+    parts = payload.rsplit(" ", 2)
+    if len(parts) != 3 or parts[0] not in queues:
+        return None
+    queue, priority, micros = parts
+    try:
+        return queue, ClaimPosition(
+            int(priority), _EPOCH + timedelta(microseconds=int(micros)), _MIN_ID
+        )
+    except (ValueError, OverflowError):
+        return queue, None
+
 
 _CLAIM_FAIR = plan_of(ops.claim_fair)
 
@@ -80,6 +125,15 @@ class Fetcher:
         self._turn = 0
         self._next_poll = 0.0
         self._short_ends_due = config.listen and not config.burst
+        # Per queue, the claim index's position of the last job claimed there: the next
+        # claim starts after it (a bounded claim), not at the queue's first entry, so it
+        # never walks the dead entries of the jobs claimed before, which a snapshot held
+        # elsewhere keeps from being cleaned up. No entry: the next claim is a full one.
+        # A job that becomes due before the bound (a late commit, an expired lease, a
+        # row that was locked) is found when its NOTIFY lowers the bound, or by the full
+        # claim that follows each poll (woken drops the bounds).
+        self._bounds: dict[str, ClaimPosition] = {}
+        self._next_full = 0.0  # a poll drops the bounds from then on (FULL_CLAIM_SPACING)
         # Limited kinds (a concurrency limit or a rate) are claimed one kind at a time
         # under the kind's lock (ops.claim_limited); the plain claim skips them.
         self.gates = KindGates(registry)
@@ -154,12 +208,30 @@ class Fetcher:
         """True while a limited kind is held back (full, or its rate)."""
         return bool(self.gates.blocked)
 
-    def woken(self, queues: Iterable[str]) -> None:
-        """*queues* may have due jobs (a NOTIFY, a reconnect)."""
+    def woken(self, queues: Iterable[str], *, full: bool = True) -> None:
+        """*queues* may have due jobs anywhere (a poll, a NOTIFY without a position, a
+        reconnect): their next claims are full ones (unless not *full*: they may have
+        due jobs after their bounds)."""
         queues = tuple(queues)
         self._due.update(queues)
+        if full:
+            for queue in queues:
+                self._bounds.pop(queue, None)
         if self.gates:
             self.gates.woken(queues)
+
+    def notified(self, queue: str, position: ClaimPosition | None) -> None:
+        """*queue* has new due jobs, none before *position* in the claim index (None:
+        anywhere, as :meth:`woken`): the queue's bound moves back to it, if it is past."""
+        if position is None:
+            self.woken((queue,))
+            return
+        bound = self._bounds.get(queue)
+        if bound is not None and position.key() < bound.key():
+            self._bounds[queue] = position
+        self._due.add(queue)
+        if self.gates:
+            self.gates.woken((queue,))
 
     def finished(self, kind: str, queue: str) -> None:
         """A job of *kind* ended here: if a limited kind's slot freed, or *queue*'s limited
@@ -191,7 +263,7 @@ class Fetcher:
         now = monotonic()
         queues = self._config.queues
         if now >= self._next_poll:
-            self.woken(queues)
+            self.woken(queues, full=now >= self._next_full)
             self._next_poll = now + self._config.poll_interval.total_seconds()
         if self.gates.blocked and self.gates.expire(now):
             self._due.update(queues)  # a rate window moved on, or a poll came
@@ -218,16 +290,9 @@ class Fetcher:
                     exclude_kinds=self.gates.kinds,
                     where=self._where,
                 )
+                jobs = self._precompiled.run(conn, plan)
             else:
-                plan = _CLAIM(
-                    worker_id=self._worker_id,
-                    queue=queue,
-                    limit=room - len(claimed),
-                    lease=self._config.lease,
-                    exclude_kinds=self.gates.kinds,
-                    where=self._where,
-                )
-            jobs = self._precompiled.run(conn, plan)
+                jobs = self._claim(conn, queue, room - len(claimed))
             conn.commit()  # ends SQLAlchemy's own transaction, if any; nothing is sent
         except Exception as exc:
             self.close()
@@ -251,6 +316,35 @@ class Fetcher:
                 # frees, not only at the next poll (a burst worker would have stopped).
                 self._capped.add(queue)
         return claimed + jobs
+
+    def _claim(self, conn: Connection, queue: str, limit: int) -> list[ops.ClaimedJob]:
+        """The plain claim of *queue*, from its bound (see ``_bounds``). A bounded claim
+        that comes back empty is followed at once by a full one where no NOTIFY would
+        tell of a job before the bound (a burst worker, one that only polls): their
+        "nothing is due" stays the whole queue's."""
+        after = self._bounds.get(queue)
+        while True:
+            started = monotonic()
+            plan = claim_bounded(
+                worker_id=self._worker_id,
+                queue=queue,
+                limit=limit,
+                lease=self._config.lease,
+                after=after,
+                exclude_kinds=self.gates.kinds,
+                where=self._where,
+            )
+            jobs, position = self._precompiled.run(conn, plan)
+            if after is None and self._short_ends_due:  # listening: NOTIFYs tell the rest
+                ended = monotonic()
+                self._next_full = ended + FULL_CLAIM_SPACING * (ended - started)
+            if position is not None:
+                self._bounds[queue] = position
+                return jobs
+            if after is None or self._short_ends_due:
+                return jobs
+            after = None
+            self._bounds.pop(queue, None)
 
     def _fetch_limited(self, queue: str, room: int) -> list[ops.ClaimedJob]:
         """Claim the limited kinds' due jobs of *queue* within their limits."""

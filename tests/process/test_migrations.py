@@ -17,7 +17,7 @@ import sys
 import textwrap
 import zipfile
 from collections.abc import Iterator, Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from sqlalchemy.pool import NullPool
 
 import sqlaq
 import sqlaq.migrations
+from sqlaq.queries import ClaimPosition
 from sqlaq.schema import (
     DEPS_TRIGGER,
     FINISH_FUNCTION,
@@ -52,6 +53,7 @@ from sqlaq.schema import (
     NOTIFY_TRIGGER,
     STORAGE_PARAMETERS,
 )
+from sqlaq.worker.fetcher import parse_wake
 
 HEAD = sqlaq.migrations.head_revision()
 #: The revision that creates sqlaq_jobs: what a host revision with a foreign key to it
@@ -453,11 +455,55 @@ def _received(listener: psycopg.Connection[Any], expected: int) -> list[str]:
     return payloads
 
 
-def test_committed_enqueue_notifies_its_queue(
+def _queues(payloads: list[str]) -> list[str]:
+    """The queues of positioned payloads (``'<queue> <priority> <microseconds>'``)."""
+    return [payload.rsplit(" ", 2)[0] for payload in payloads]
+
+
+def test_committed_enqueue_notifies_its_queue_and_position(
     jobs_engine: Engine, listener: psycopg.Connection[Any]
 ) -> None:
     with jobs_engine.begin() as conn:
-        sqlaq.enqueue(conn, "send_email", {"user_id": 1}, queue="q1")
+        job_id = sqlaq.enqueue(conn, "send_email", {"user_id": 1}, queue="q1", priority=4).job_id
+    with jobs_engine.connect() as conn:
+        run_at = conn.execute(
+            text("SELECT run_at FROM sqlaq_jobs WHERE id = :id"), {"id": job_id}
+        ).scalar_one()
+    [payload] = _received(listener, 1)
+    assert parse_wake(payload, ["q1"]) == ("q1", ClaimPosition(4, run_at, -(2**63)))
+
+
+def test_a_statements_notification_is_before_each_of_its_jobs(
+    jobs_engine: Engine, listener: psycopg.Connection[Any]
+) -> None:
+    """One statement, several priorities and run_at: the highest priority and the
+    earliest due run_at, a position no new job of the queue sits before."""
+    with jobs_engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO sqlaq_jobs (queue, kind, priority, run_at) VALUES "
+                "('q1', 'k', 1, '2020-01-01 00:00:00.000001+00'), "
+                "('q1', 'k', 5, '2021-06-01 12:00:00+00'), "
+                "('q1', 'k', 9, now() + interval '1 hour'), "  # not due: not counted
+                "('q2', 'k', -3, '2022-02-02 02:02:02.5+00')"
+            )
+        )
+    received = dict(parse_wake(p, ["q1", "q2"]) or ("?", None) for p in _received(listener, 2))
+    assert received == {
+        "q1": ClaimPosition(5, datetime(2020, 1, 1, 0, 0, 0, 1, tzinfo=UTC), -(2**63)),
+        "q2": ClaimPosition(-3, datetime(2022, 2, 2, 2, 2, 2, 500000, tzinfo=UTC), -(2**63)),
+    }
+
+
+def test_an_infinite_run_at_notifies_the_queue_alone(
+    jobs_engine: Engine, listener: psycopg.Connection[Any]
+) -> None:
+    """No position to give (``-infinity`` is due, and no bigint): the queue alone, which
+    a worker reads as "anywhere" (a full claim); the insert is never refused for it."""
+    with jobs_engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO sqlaq_jobs (queue, kind, run_at) VALUES ('q1', 'k', '-infinity')")
+        )
     assert _received(listener, 1) == ["q1"]
 
 
@@ -480,7 +526,7 @@ def test_bulk_enqueue_notifies_once_per_due_queue(
     with jobs_engine.begin() as conn:
         results = sqlaq.enqueue_many(conn, due + later)
     assert len(results) == 1000
-    assert sorted(_received(listener, 3)) == ["q1", "q2", "q3"]
+    assert sorted(_queues(_received(listener, 3))) == ["q1", "q2", "q3"]
 
 
 def test_delayed_enqueue_notifies_nothing(
@@ -503,7 +549,7 @@ def test_notify_off_in_the_session_silences_the_trigger(
         conn.execute(text("RESET sqlaq.notify"))  # the control: same session, switched back
         sqlaq.enqueue(conn, "send_email", queue="q1")
         conn.commit()
-        assert _received(listener, 1) == ["q1"]
+        assert _queues(_received(listener, 1)) == ["q1"]
 
 
 # -- the standalone path (sqlaq migrate) --------------------------------------------------
@@ -1114,6 +1160,38 @@ def test_workflow_revision_rewrites_nothing_and_walks_back_to_0005(fresh_url: st
         conn.commit()
 
 
+def test_claim_bounds_revision_changes_the_payload_alone_and_walks_back_to_0007(
+    fresh_url: str,
+) -> None:
+    """sqlaq_0008 replaces the insert trigger's function only: the payload gains the
+    position (``'<queue> <priority> <microseconds>'``); a downgrade to sqlaq_0007
+    restores the queue alone, and the same objects."""
+    conninfo = make_url(fresh_url).set(drivername="postgresql").render_as_string(False)
+    insert = text("INSERT INTO sqlaq_jobs (queue, kind, priority) VALUES ('q1', 'k', 2)")
+    with _connect(fresh_url) as conn, psycopg.connect(conninfo, autocommit=True) as listener:
+        listener.execute("LISTEN sqlaq_jobs")
+        sqlaq.migrations.upgrade(conn, "sqlaq_0007")
+        before = _objects(conn)
+        conn.execute(insert)
+        conn.commit()
+        assert _received(listener, 1) == ["q1"]
+
+        sqlaq.migrations.upgrade(conn, "sqlaq_0008")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0008"
+        assert _objects(conn) == before
+        conn.execute(insert)
+        conn.commit()
+        [payload] = _received(listener, 1)
+        assert re.fullmatch(r"q1 2 [0-9]{16}", payload), payload
+
+        sqlaq.migrations.downgrade(conn, "sqlaq_0007")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0007"
+        assert _objects(conn) == before
+        conn.execute(insert)
+        conn.commit()
+        assert _received(listener, 1) == ["q1"]
+
+
 # -- downgrading one branch of a host's project ---------------------------------------------
 
 
@@ -1187,7 +1265,11 @@ def test_a_branch_label_downgrades_one_branch_and_leaves_the_other(
         assert _versions(conn, "alembic_version") == sorted([host_head, previous])
         left = _objects(conn)
         assert ("pg_class", "sqlaq_jobs") in left
-        assert left < SQLAQ_OBJECTS  # what the head revision added is gone
+        # The head revision's downgrade ran (it may add no object: sqlaq_0008 replaces
+        # a function).
+        assert left <= SQLAQ_OBJECTS
+        revision = conn.execute(text("SELECT sqlaq_jobs_schema_revision()")).scalar_one()
+        assert revision == previous
         assert _tables(conn, "orders", "invoices") == {"orders": True, "invoices": True}
 
     # The host's branch one step back: invoices go; orders and every sqlaq object stay.
@@ -1234,17 +1316,17 @@ def test_keys_revision_rewrites_nothing_and_walks_back_to_0006(fresh_url: str) -
         conn.commit()
 
 
-#: What sqlaq_0009 adds to sqlaq_0007's objects: the fair index.
+#: What sqlaq_0009 adds to sqlaq_0008's objects: the fair index.
 FAIR_OBJECTS = frozenset({("pg_class", "sqlaq_jobs_fair_idx")})
 
 
-def test_fair_revision_rewrites_nothing_and_walks_back_to_0007(fresh_url: str) -> None:
+def test_fair_revision_rewrites_nothing_and_walks_back_to_0008(fresh_url: str) -> None:
     """sqlaq_0009 on a table with rows keeps its file, adds the fair index only (a
-    partial index over the pending rows), and a downgrade to sqlaq_0007 removes exactly
+    partial index over the pending keyed rows), and a downgrade to sqlaq_0008 removes exactly
     what it added."""
     relfilenode = text("SELECT relfilenode FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
     with _connect(fresh_url) as conn:
-        sqlaq.migrations.upgrade(conn, "sqlaq_0007")
+        sqlaq.migrations.upgrade(conn, "sqlaq_0008")
         conn.execute(
             text("INSERT INTO sqlaq_jobs (kind, key) SELECT 'k', 't' FROM generate_series(1, 100)")
         )
@@ -1261,8 +1343,8 @@ def test_fair_revision_rewrites_nothing_and_walks_back_to_0007(fresh_url: str) -
         assert _columns(conn) == columns_before
         conn.commit()
 
-        sqlaq.migrations.downgrade(conn, "sqlaq_0007")
-        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0007"
+        sqlaq.migrations.downgrade(conn, "sqlaq_0008")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0008"
         assert _objects(conn) == before
         assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
         conn.commit()

@@ -91,6 +91,13 @@ CALLS: dict[str, list[Any]] = {
             "lease": SECONDS,
             "exclude_kinds": {"b", "a"},
         },
+        {
+            "queue": "q",
+            "worker_id": WORKER,
+            "limit": 5,
+            "lease": SECONDS,
+            "after": queries.ClaimPosition(3, WHEN, 7),
+        },
     ],
     "claim_stmt": [
         {"queue": "q", "worker_id": WORKER, "limit": 5, "lease": SECONDS},
@@ -117,6 +124,16 @@ CALLS: dict[str, list[Any]] = {
             "lease": SECONDS,
             "kind": "k",
             "where": queries.where_text(WHERE_TEXT),
+        },
+        # The worker's bounded claim: from a position of the claim index.
+        {"queue": "q", "worker_id": WORKER, "limit": 5, "lease": SECONDS, "bounded": True},
+        {
+            "queue": "q",
+            "worker_id": WORKER,
+            "limit": 5,
+            "lease": SECONDS,
+            "exclude_kinds": {"b", "a"},
+            "bounded": True,
         },
     ],
     "where_text": [((WHERE_TEXT,), {})],

@@ -1,7 +1,7 @@
 """fair claiming: the fair index (a share's pending jobs in claim order)
 
 Revision ID: sqlaq_0009
-Revises: sqlaq_0007
+Revises: sqlaq_0008
 Create Date: 2026-12-04
 
 Frozen literal DDL, like the revisions before it. No table rewrite: one partial index
@@ -17,7 +17,7 @@ from alembic import op
 from sqlaq.migrations import _citus
 
 revision: str = "sqlaq_0009"
-down_revision: str | None = "sqlaq_0007"
+down_revision: str | None = "sqlaq_0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -43,6 +43,6 @@ def downgrade() -> None:
     _citus.prepare()
     op.execute(
         "CREATE OR REPLACE FUNCTION sqlaq_jobs_schema_revision() RETURNS text "
-        "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0007'::text $$"
+        "LANGUAGE sql IMMUTABLE AS $$ SELECT 'sqlaq_0008'::text $$"
     )
     op.execute("DROP INDEX IF EXISTS sqlaq_jobs_fair_idx")
