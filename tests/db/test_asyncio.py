@@ -160,8 +160,9 @@ async def test_a_fair_claim_shares_the_keys_and_carries_them(aconn: AsyncExecuto
     await aq.enqueue_many(aconn, [NewJob("tenant", key="flood") for _ in range(20)])
     await aq.enqueue_many(aconn, [NewJob("tenant", key=k) for k in ("a", "b", None)])
     claimed = await aq.claim_fair(aconn, worker_id=uuid.uuid4(), limit=5, weights={"flood": 2})
-    # Shares flood (weight 2), a, b and the keyless one: 2 + 1 + 1 + 1.
-    assert sorted(job.key or "-" for job in claimed) == ["-", "a", "b", "flood", "flood"]
+    # Shares flood (weight 2), a and b (the job without a key is in none): of the five
+    # slots flood scores 1/2, 1, 3/2, a and b 1 each (they have one job each).
+    assert sorted(job.key or "-" for job in claimed) == ["a", "b", "flood", "flood", "flood"]
 
 
 @pytest.mark.asyncio
