@@ -30,40 +30,14 @@ import time
 import uuid
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, func, select, text
-from sqlalchemy.engine import make_url
+from _database import database_url  # the examples' shared choice of database
+from sqlalchemy import Engine, create_engine, func, select
 
 import sqlaq
 
-LOCAL_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/sqlaq_quickstart"
 QUEUE = "tenants"
 FLOODER = "acme"
 OTHERS = ("globex", "initech", "umbrella", "hooli", "stark")
-
-
-def database_url() -> str:
-    url = os.environ.get("SQLAQ_DATABASE_URL") or os.environ.get("DATABASE_URL")
-    if url:
-        return url
-    try:
-        from sqlaq import embedded
-    except ImportError:  # without the extra: the local server
-        return local_database_url()
-    return embedded.database_url(os.environ.get("SQLAQ_EMBEDDED_DIR"))
-
-
-def local_database_url() -> str:
-    admin = create_engine(
-        make_url(LOCAL_URL).set(database="postgres"), isolation_level="AUTOCOMMIT"
-    )
-    with admin.connect() as conn:
-        exists = conn.execute(
-            text("SELECT 1 FROM pg_database WHERE datname = 'sqlaq_quickstart'")
-        ).scalar()
-        if not exists:
-            conn.execute(text("CREATE DATABASE sqlaq_quickstart"))
-    admin.dispose()
-    return LOCAL_URL
 
 
 registry = sqlaq.Registry()

@@ -19,43 +19,16 @@ left to run (the squares, then the ``total`` they release), prints the sum and e
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any
 
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from _database import database_url  # the examples' shared choice of database
+from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import sqlaq
 
-LOCAL_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/sqlaq_quickstart"
 NUMBERS = [1, 2, 3, 4, 5]
-
-
-def database_url() -> str:
-    url = os.environ.get("SQLAQ_DATABASE_URL") or os.environ.get("DATABASE_URL")
-    if url:
-        return url
-    try:
-        from sqlaq import embedded
-    except ImportError:  # without the extra: the local server
-        return local_database_url()
-    return embedded.database_url(os.environ.get("SQLAQ_EMBEDDED_DIR"))
-
-
-def local_database_url() -> str:
-    admin = create_engine(
-        make_url(LOCAL_URL).set(database="postgres"), isolation_level="AUTOCOMMIT"
-    )
-    with admin.connect() as conn:
-        exists = conn.execute(
-            text("SELECT 1 FROM pg_database WHERE datname = 'sqlaq_quickstart'")
-        ).scalar()
-        if not exists:
-            conn.execute(text("CREATE DATABASE sqlaq_quickstart"))
-    admin.dispose()
-    return LOCAL_URL
 
 
 registry = sqlaq.Registry()

@@ -333,6 +333,7 @@ def test_what_does_not_run_on_citus_yet_refuses_in_one_line(distributed: Engine)
             lambda: sqlaq.chain(conn, [sqlaq.NewJob("k"), sqlaq.NewJob("k")]),
             lambda: sqlaq.read_workflow(conn, job),
             lambda: sqlaq.cancel_workflow(conn, job),
+            lambda: sqlaq.claim_fair(conn, worker_id=uuid4(), queue="q"),
         ):
             with pytest.raises(sqlaq.ConfigError, match="Citus") as caught:
                 call()
