@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -228,8 +229,21 @@ def running(worker: sqlaq.Worker) -> Iterator[sqlaq.Worker]:
         yield worker
     finally:
         worker.stop(now=True)
-        thread.join(15)
-        assert not thread.is_alive()
+        # A forced stop joins the worker's parts (the listener and the maintenance
+        # thread up to a few seconds each) and writes its hand-back: 30 s leaves a
+        # loaded machine room. If it is still running then, the threads' stacks say
+        # where it waits.
+        thread.join(30)
+        assert not thread.is_alive(), f"the worker did not stop:\n{thread_stacks()}"
+
+
+def thread_stacks() -> str:
+    """The Python stack of every live thread (for a test's failure message)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(
+        f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+        for ident, frame in sys._current_frames().items()
+    )
 
 
 class Recorder:
