@@ -449,11 +449,12 @@ def pgbouncer(session: nox.Session) -> None:
 #: The shared Citus build and throwaway cluster (../shared/citus/README.md): build.sh
 #: builds Citus 13.2.2 for Debian's PostgreSQL 15 once (cached), cluster.sh starts a
 #: coordinator and two workers. The nearest ``shared/citus`` beside the checkout or one of
-#: its parents (a worktree sits a level deeper), unless ``$SQLAQ_CITUS_TOOLS`` says.
+#: its parents (a worktree sits a level deeper), else /work/shared/citus, unless
+#: ``$SQLAQ_CITUS_TOOLS`` says.
 CITUS_TOOLS = next(
     (
         p / "shared" / "citus"
-        for p in ROOT.parents
+        for p in (*ROOT.parents, Path("/work"))  # /work: the development machine's copy
         if (p / "shared" / "citus" / "build.sh").exists()
     ),
     ROOT.parent / "shared" / "citus",
