@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
 from sqlaq import migrations
 from sqlaq.drive import Plan, run
@@ -140,6 +140,6 @@ def distribute(conn: Connection, *, dry_run: bool = False) -> Distribution:
     ddl = citus_queries.distribute_ddl(triggers=triggers)
     if not dry_run:
         for statement in ddl:
-            conn.execute(text(statement))
+            conn.execute(citus_queries.ddl_stmt(statement))
         forget(conn.engine)
     return Distribution(already=False, ddl=ddl)

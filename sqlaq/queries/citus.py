@@ -57,7 +57,7 @@ from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 from sqlalchemy.sql.dml import ReturningDelete
 
 from sqlaq.queries._common import _IDS, _NOW, _PENDING, _RUNNING, _expired_error, _status, c
-from sqlaq.queries.claim import _where_clauses
+from sqlaq.queries.claim import _where_clauses, claim_params
 from sqlaq.queries.columns import CLAIM_COLUMNS
 from sqlaq.queries.enqueue import find_pending_duplicate_stmt
 from sqlaq.queries.retention import _prunable
@@ -160,6 +160,12 @@ def distribute_ddl(*, triggers: Collection[str] = JOB_TRIGGERS) -> list[str]:
     return ddl
 
 
+def ddl_stmt(ddl: str) -> TextClause:
+    """One statement of :func:`distribute_ddl`, as an executable statement (DDL takes
+    no binds)."""
+    return text(ddl)
+
+
 def citus_find_pending_duplicate_stmt() -> Select[Any]:
     """:func:`sqlaq.queries.find_pending_duplicate_stmt` within one queue (dedupe is per
     queue on Citus): the pending job holding ``(queue, kind, dedupe_key)``; bind
@@ -184,19 +190,16 @@ def citus_claim_params(
 ) -> dict[str, Any]:
     """The bind values of :func:`citus_claim_stmt`; *token* is this claim's own random
     text (e.g. ``uuid4().hex``), from which each job's lease token is made."""
-    params = {
-        "b_queue": queue,
-        "b_worker": worker_id,
-        "b_limit": limit,
-        "b_lease": lease,
-        "b_token": token,
-    }
-    if kind is not None:
-        params["b_kind"] = kind
-    if exclude_kinds:
-        params["b_excluded"] = sorted(exclude_kinds)
-    if ids is not None:
-        params["b_ids"] = list(ids)
+    params = claim_params(
+        queue=queue,
+        worker_id=worker_id,
+        limit=limit,
+        lease=lease,
+        kind=kind,
+        exclude_kinds=exclude_kinds,
+        ids=None if ids is None else list(ids),
+    )
+    params["b_token"] = token
     return params
 
 
@@ -539,6 +542,7 @@ __all__ = [
     "citus_snooze_stmt",
     "citus_sweep_stmt",
     "citus_version_stmt",
+    "ddl_stmt",
     "distribute_ddl",
     "foreign_keys_to_jobs_stmt",
     "jobs_triggers_stmt",

@@ -281,7 +281,8 @@ class ProcessPool:
 
     def _run(self, run: Run, started: float) -> Finished:
         handler = run.handler
-        assert handler is not None
+        if handler is None:  # the runner sends only runs with a handler here
+            raise RuntimeError(f"job {run.job.id}: no handler for kind {run.job.kind!r}")
         job = run.job
         context = run.context
         message = pickle.dumps(
@@ -304,8 +305,7 @@ class ProcessPool:
         try:
             reply = self._wait(child, deadline)
             duration = perf_counter() - started
-            if reply is None:  # past its deadline: killed
-                assert timeout is not None
+            if reply is None and timeout is not None:  # past its deadline: killed
                 child.kill()
                 _log.warning("job timed out; its process was killed", extra=_extra(run, child))
                 return Finished(run, decide(handler, job, timed_out(timeout)), duration)

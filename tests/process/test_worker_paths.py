@@ -113,21 +113,28 @@ def test_a_sync_handler_returning_past_its_deadline_is_timed_out_not_done(
     assert job(committed, job_id).status == "running"  # nothing committed by the handler
 
 
-def test_cancelling_a_running_async_job_cancels_its_task(committed: Engine) -> None:
-    registry = sqlaq.Registry()
-    queue = _queue()
-    recorder = Recorder()
-    started = threading.Event()
-    cancelled = threading.Event()
+def _waits_until_cancelled(registry: sqlaq.Registry) -> tuple[threading.Event, threading.Event]:
+    """Register kind "waits": an async handler that sleeps a minute unless its task is
+    cancelled. Returns the events it sets: started, and cancelled."""
+    started, cancelled = threading.Event(), threading.Event()
 
     @registry.handler("waits")
     async def waits(payload: dict[str, Any]) -> None:
         started.set()
         try:
-            await asyncio.sleep(30)
+            await asyncio.sleep(60)
         except asyncio.CancelledError:
             cancelled.set()
             raise
+
+    return started, cancelled
+
+
+def test_cancelling_a_running_async_job_cancels_its_task(committed: Engine) -> None:
+    registry = sqlaq.Registry()
+    queue = _queue()
+    recorder = Recorder()
+    started, cancelled = _waits_until_cancelled(registry)
 
     @registry.handler("after")
     async def after(payload: dict[str, Any]) -> None:
@@ -161,17 +168,7 @@ def test_a_cancel_sent_while_the_listener_was_down_is_found_when_it_reconnects(
     # make the worker look for cancels it missed.
     registry = sqlaq.Registry()
     queue = _queue()
-    started = threading.Event()
-    cancelled = threading.Event()
-
-    @registry.handler("waits")
-    async def waits(payload: dict[str, Any]) -> None:
-        started.set()
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+    started, cancelled = _waits_until_cancelled(registry)
 
     admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
     with login_role(database_url, "listener") as (role, role_url):
