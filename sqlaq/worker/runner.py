@@ -37,8 +37,8 @@ __all__ = ["Runner"]
 
 
 class Runner:
-    """Executes runs: sync handlers on up to *size* threads (added while runs wait with every thread busy), async ones on one loop, at
-    most *size* of either kind at once.
+    """Executes runs: sync handlers on up to *size* threads (added while runs wait with
+    every thread busy), async ones on one loop, at most *size* of either kind at once.
 
     Runs may be submitted beyond *size* (a worker that prefetches does): they wait, sync
     ones in the threads' queue and async ones in a waiting line on the loop, and start
