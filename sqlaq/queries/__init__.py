@@ -81,6 +81,7 @@ from sqlaq.queries.claim import (
     lock_kind_stmt,
     record_starts_params,
     record_starts_stmt,
+    relaxed_commit_stmt,
     where_check_stmt,
     where_text,
 )
@@ -290,6 +291,7 @@ __all__ = [
     "rate_logs_stmt",
     "record_starts_params",
     "record_starts_stmt",
+    "relaxed_commit_stmt",
     "release_stmt",
     "release_waiting_stmt",
     "resign_stmt",

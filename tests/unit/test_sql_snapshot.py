@@ -142,6 +142,7 @@ CALLS: dict[str, list[Any]] = {
         {"where": [jobs.c.payload["region"].astext == "eu", jobs.c.priority > 1]},
     ],
     "lock_kind_stmt": [{"kind": "k"}],
+    "relaxed_commit_stmt": [{}],
     "key_running_stmt": [{"kind": "k"}],
     "busiest_keys_stmt": [{}, {"limit": 5}],
     "fair_claim_params": [
