@@ -128,6 +128,11 @@ EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
         "priority DESC, run_at, id) WHERE ((status = ANY (ARRAY['queued'::text, "
         "'running'::text])) AND (key IS NOT NULL))",
     ),
+    "sqlaq_jobs_parents_idx": (
+        TABLE_NAME,
+        "CREATE INDEX sqlaq_jobs_parents_idx ON sqlaq_jobs USING gin (parent_ids) "
+        "WITH (fastupdate=off) WHERE (parent_ids IS NOT NULL)",
+    ),
     "sqlaq_job_deps_child_id_idx": (
         DEPS_TABLE,
         "CREATE INDEX sqlaq_job_deps_child_id_idx ON sqlaq_job_deps USING btree "
