@@ -41,11 +41,15 @@ Design decisions written down here:
   row trigger when it finishes (``WHEN`` it ``has_dependents``: every other job pays a
   boolean test), in its finishing transaction; the same trigger applies the child's
   ``on_parent_failure`` and releases (``run_at = now()``) the children left with no
-  row. No row is shared by two parents, so parents finish in parallel; two parents
-  finishing at once may each still see the other's row, so the trigger also notifies
-  ``sqlaq_release`` for each child still waiting, and whoever hears it checks again
-  after commit (the last committer's check sees every delete); the maintenance leader
-  sweeps what a lost notification left.
+  row. No row is shared by two parents, so parents finish in parallel. Since
+  sqlaq_0010, a finishing parent that sees another parent's row which no transaction
+  is deleting (``xmax`` 0) leaves the child to that parent (it finishes later, and
+  looks again then); when every row left is being deleted by a transaction in flight
+  (parents finishing at once), it notifies ``sqlaq_release``, and whoever hears it
+  waits for those transactions (``FOR KEY SHARE`` on the rows being deleted) and checks
+  again; the maintenance leader sweeps what a lost notification left. A NOTIFY
+  serializes the commits that send one, so the members of a fan-in send none but at
+  its very end.
 * Keys (sqlaq_0007): a job may carry a ``key`` (a tenant, an account). A kind with a
   per-key limit (``key_concurrency``) or strict order per key (``ordered``) is claimed
   under its kind lock like any limited kind: the live leases are counted per key from

@@ -454,9 +454,9 @@ class Worker:
 
     def _release(self) -> None:
         """Check again, after their parent's commit, the waiting jobs a finishing parent
-        named: the last parent to commit sees every other's delete, so one check
-        releases each job (see :func:`sqlaq.release_waiting`). A failure is left to the
-        leader's sweep."""
+        named: the check waits for the other parents finishing in flight, then sees
+        every delete, so one check releases each job (see
+        :func:`sqlaq.release_waiting`). A failure is left to the leader's sweep."""
         ids = list(dict.fromkeys(self._releases))
         self._releases.clear()
         try:

@@ -1372,17 +1372,20 @@ CHILDREN_OBJECTS = frozenset({("pg_class", "sqlaq_jobs_parents_idx")})
 
 def test_children_revision_rewrites_nothing_and_walks_back_to_0009(fresh_url: str) -> None:
     """sqlaq_0010 on a table with workflow jobs keeps its file, adds the parents index
-    only (GIN over the rows that have parents, which a child lookup then reads), and a
-    downgrade to sqlaq_0009 removes exactly what it added."""
+    only (GIN over the rows that have parents, which a child lookup then reads) and
+    replaces the settle function, and a downgrade to sqlaq_0009 removes exactly what it
+    added and puts the function back."""
     relfilenode = text("SELECT relfilenode FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
     children = text(
         "EXPLAIN (COSTS OFF) SELECT id FROM sqlaq_jobs "
         "WHERE parent_ids @> ARRAY[CAST(:p AS bigint)]"
     )
+    settle = text("SELECT pg_get_functiondef('sqlaq_jobs_settle_children'::regproc)")
     with _connect(fresh_url) as conn:
         sqlaq.migrations.upgrade(conn, "sqlaq_0009")
         flows = [sqlaq.chain(conn, [sqlaq.NewJob("step"), sqlaq.NewJob("step")]) for _ in range(50)]
         conn.commit()
+        settle_before = conn.execute(settle).scalar_one()
         before = _objects(conn)
         columns_before = _columns(conn)
         file_before = conn.execute(relfilenode).scalar_one()
@@ -1400,8 +1403,12 @@ def test_children_revision_rewrites_nothing_and_walks_back_to_0009(fresh_url: st
         assert [job.job_id for job in read.jobs] == list(flows[7].job_ids)
         conn.commit()
 
+        assert conn.execute(settle).scalar_one() != settle_before
+        conn.commit()
+
         sqlaq.migrations.downgrade(conn, "sqlaq_0009")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0009"
         assert _objects(conn) == before
+        assert conn.execute(settle).scalar_one() == settle_before
         assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
         conn.commit()
