@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from helpers import finish_long_ago
 from sqlalchemy import Connection, text
+from sqlalchemy.dialects import postgresql
 
 import sqlaq
 from sqlaq import NewJob
@@ -221,3 +222,21 @@ def test_prune_runs_without_jit_and_sets_it_back(conn: Connection) -> None:
     assert conn.execute(text("SHOW jit")).scalar_one() == "on"
     assert sqlaq.prune(conn, older_than=WEEK) == 1
     assert conn.execute(text("SHOW jit")).scalar_one() == "on"
+
+
+@pytest.mark.parametrize("walk", ["read", "cancel", "retention"])
+def test_the_walks_find_children_through_the_parents_index(conn: Connection, walk: str) -> None:
+    """Each workflow walk steps down from a parent through the parents index (sqlaq_0010)
+    instead of reading every job enqueued after it."""
+    flow = sqlaq.chord(conn, [NewJob("member") for _ in range(3)], NewJob("total"))
+    for member in flow.job_ids:
+        finish_long_ago(conn, member, "done", "30 days")
+    stmt = {
+        "read": sqlaq.queries.workflow_stmt(job_id=flow.job_ids[0], limit=200, count_limit=10),
+        "cancel": sqlaq.queries.cancel_workflow_stmt(job_id=flow.job_ids[0]),
+        "retention": sqlaq.queries.count_prunable_stmt(older_than=WEEK, statuses=["done"]),
+    }[walk]
+    sql = stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+    conn.execute(text("SET LOCAL enable_seqscan = off"))
+    plan = "\n".join(conn.execute(text(f"EXPLAIN (COSTS OFF) {sql}")).scalars())
+    assert "sqlaq_jobs_parents_idx" in plan, plan
