@@ -194,6 +194,7 @@ from sqlaq.queries.workflow import (
     release_stmt,
     release_waiting_stmt,
     set_setting_stmt,
+    wait_finishing_stmt,
     waiting_for_stmt,
     workflow_stmt,
 )
@@ -314,6 +315,7 @@ __all__ = [
     "unique_holder_stmt",
     "vacuum_need_stmt",
     "vacuum_stmt",
+    "wait_finishing_stmt",
     "wait_percentiles_stmt",
     "waiting_for_stmt",
     "watch_job_stmt",
