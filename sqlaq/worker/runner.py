@@ -96,6 +96,9 @@ class Runner:
         self._running = 0  # handlers started and not finished, sync and async
         self._gate = threading.Condition()  # sync threads wait on it while the gate is full
         self._waiters = 0
+        # Runs taken by a slot thread that waits for a place under the gate: not started,
+        # so withdraw() takes them back too (guarded by the gate's lock).
+        self._at_gate: set[Run] = set()
 
     def submit(self, runs: Iterable[Run]) -> None:
         """Start *runs* (or queue them, beyond *size*): sync handlers on the threads
@@ -128,6 +131,10 @@ class Runner:
                 break
             if run is not None:
                 taken.append(run)
+        with self._gate:  # their threads see them gone and take the next
+            taken += self._at_gate
+            self._at_gate.clear()
+            self._gate.notify_all()
         blocking = len(taken)
         while True:
             try:
@@ -223,22 +230,26 @@ class Runner:
 
     # -- the gate: at most *size* handlers at once -----------------------------------------
 
-    def _enter(self) -> None:
-        """Wait for a place under the gate (sync threads). The fast path is one plain
-        lock; the condition is used only while the gate is full."""
+    def _enter(self, run: Run) -> bool:
+        """Wait for a place under the gate for *run* (sync threads); False if it was
+        withdrawn meanwhile (it never starts). The fast path is one plain lock; the
+        condition is used only while the gate is full."""
         with self._running_lock:
             if self._running < self._size:
                 self._running += 1
-                return
+                return True
         with self._gate:
             self._waiters += 1
+            self._at_gate.add(run)
             try:
-                while True:
+                while run in self._at_gate:
                     with self._running_lock:
                         if self._running < self._size:
                             self._running += 1
-                            return
+                            self._at_gate.discard(run)
+                            return True
                     self._gate.wait()
+                return False
             finally:
                 self._waiters -= 1
 
@@ -269,7 +280,10 @@ class Runner:
             return
         while (run := get()) is not None:
             self._taken()
-            self._enter()
+            if not self._enter(run):  # withdrawn: its job is handed back
+                with self._blocking_lock:
+                    self._idle += 1
+                continue
             try:
                 self._run_one(run)
             finally:

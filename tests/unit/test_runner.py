@@ -3,7 +3,9 @@ run in hand. No database: runs are built from claimed-job records."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -109,4 +111,45 @@ def test_quick_runs_in_a_batch_do_not_start_a_thread_each() -> None:
             assert done.acquire(timeout=30)
         assert 1 <= _slot_threads() <= 50
     finally:
+        runner.close()
+
+
+def _wait_for(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+@pytest.mark.usefixtures("no_slot_threads")
+def test_a_run_whose_thread_waits_at_the_full_gate_is_withdrawn() -> None:
+    # One place, taken by an async handler; a sync run's thread waits for it. The run
+    # has not started: a stopping worker takes it back and hands its job back at once.
+    release = threading.Event()
+    started: list[int] = []
+
+    async def holds(payload: dict[str, Any]) -> None:
+        await asyncio.to_thread(release.wait, 30)
+
+    def sync(payload: dict[str, Any]) -> None:
+        started.append(sqlaq.current_job().id)
+
+    finished: list[Finished] = []
+    runner = Runner(1, finished.append)
+    try:
+        (held,) = _runs(_handler(holds), 1)
+        runner.submit([held])
+        _wait_for(lambda: runner._running == 1, "the async handler in the place")
+        (waiting,) = _runs(_handler(sync), 1)
+        runner.submit([waiting])
+        _wait_for(lambda: runner._waiters == 1, "the sync run's thread at the gate")
+        assert runner.withdraw() == [waiting]
+        assert runner.busy == 1  # the async handler's
+        release.set()
+        _wait_for(lambda: len(finished) == 1, "the async handler's end")
+        _wait_for(lambda: runner._idle == 1, "the thread between runs")
+        assert started == []  # the withdrawn run never started
+        assert [item.run for item in finished] == [held]
+    finally:
+        release.set()
         runner.close()
