@@ -166,6 +166,7 @@ def drain(engine: Any, label: str, jobs: int, args: list[str]) -> None:
         )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SQLAQ_")}
     env["SQLAQ_DATABASE_URL"] = URL
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     script = Path(sys.executable).with_name("sqlaq-worker")
     proc = subprocess.Popen(
         [str(script), "bench.app:cpu_registry", "--burst", "--log-level", "warning", *args],
@@ -177,7 +178,10 @@ def drain(engine: Any, label: str, jobs: int, args: list[str]) -> None:
     roles: dict[int, str] = {proc.pid: "worker"}
     started_box: tuple[float, float] | None = None
     ended_box = _box()
+    commits = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
     with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={NAME}", autocommit=True) as db:
+        db.execute("SELECT pg_stat_clear_snapshot()")
+        committed = db.execute(commits).fetchone()[0]
         while proc.poll() is None:
             claimed = (
                 started_box is not None
@@ -210,6 +214,9 @@ def drain(engine: Any, label: str, jobs: int, args: list[str]) -> None:
             time.sleep(0.02)
         if proc.returncode != 0:
             raise RuntimeError(f"{label}: worker exited {proc.returncode}")
+        time.sleep(0.6)  # (the statistics are flushed every half second at most)
+        db.execute("SELECT pg_stat_clear_snapshot()")
+        committed = db.execute(commits).fetchone()[0] - committed
         done, seconds = db.execute(
             "SELECT count(*) FILTER (WHERE status = 'done'),"
             " extract(epoch FROM max(finished_at) - (min(run_at) - %s)) FROM sqlaq_jobs",
@@ -233,7 +240,8 @@ def drain(engine: Any, label: str, jobs: int, args: list[str]) -> None:
     busy = used.get("child", 0.0) / wall
     print(
         f"  {label}: {jobs / seconds:,.0f} jobs/s (database clock); CPU per job (ms): {parts};"
-        f" box busy {box:.2f} of 2 cores; children busy {busy:.2f} cores over {wall:.2f} s"
+        f" box busy {box:.2f} of 2 cores; children busy {busy:.2f} cores over {wall:.2f} s;"
+        f" {jobs / committed:.1f} jobs per transaction (claims, writes, this probe's polls)"
     )
 
 

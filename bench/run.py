@@ -179,6 +179,9 @@ def worker(b: Bench, *args: str, app: str = APP) -> Iterator[Callable[[float], W
         ledger, log = Path(tmp, "ledger.txt"), Path(tmp, "worker.log")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SQLAQ_")}
         env |= {"SQLAQ_DATABASE_URL": b.url, "SQLAQ_BENCH_LEDGER": str(ledger)}
+        # This tree's sqlaq in the worker (and its children), whatever the interpreter
+        # has installed: a checkout beside an editable install measures itself.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         with log.open("wb") as out:
             started = time.perf_counter()
             proc = subprocess.Popen(

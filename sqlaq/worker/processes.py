@@ -51,6 +51,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import selectors
 import signal
 import threading
 from collections import deque
@@ -92,6 +93,10 @@ _READY = b"ready"
 #: not wait for the worker's turn. Longer jobs are sent to a child only once it is
 #: free, so no job waits behind a long one while another child is idle.
 PIPELINE_SECONDS = 0.1
+#: How long the answers of jobs are kept to be reported together (one wake-up of the
+#: worker and one write for several jobs, not one per job); reported at once when no
+#: child runs a job.
+REPORT_SECONDS = 0.01
 #: The largest message sent to a child that is still running a job: both fit a pipe's
 #: buffer, so the worker never blocks on a busy child.
 PIPELINE_BYTES = 4096
@@ -292,7 +297,7 @@ class ProcessPool:
         self._max_jobs = max_jobs_per_child
         self._max_memory = max_memory_per_child
         self._context = multiprocessing.get_context("spawn")
-        self._on_finished: Callable[[Finished], None] = _unbound
+        self._on_finished: Callable[[list[Finished]], None] = _unbound
         self._lock = threading.Lock()  # guards the lists below, filled by other threads
         self._waiting: deque[Run] = deque()  # submitted, not sent to a child
         self._cancels: list[Run] = []  # cancelled since the dispatcher last looked
@@ -301,6 +306,10 @@ class ProcessPool:
         self._poked = False  # a byte is in the wake-up pipe, not read yet
         self._wake_reader, self._wake_writer = self._context.Pipe(duplex=False)
         self._thread: threading.Thread | None = None
+        self._finished: list[Finished] = []  # reported by the next flush (the dispatcher's)
+        self._selector: selectors.BaseSelector | None = None  # the dispatcher's
+        self._watched: list[_Child] = []  # the children its selector watches
+        self._report_at = 0.0  # monotonic: when they are reported at the latest
 
     @property
     def size(self) -> int:
@@ -318,9 +327,9 @@ class ProcessPool:
             children = list(self._children)
         return [c.pid for c in children if c.pid is not None]
 
-    def report_to(self, on_finished: Callable[[Finished], None]) -> None:
-        """Report each finished run to *on_finished* (called from the dispatcher's
-        thread). Call before :meth:`start`."""
+    def report_to(self, on_finished: Callable[[list[Finished]], None]) -> None:
+        """Report finished runs to *on_finished*, several at once (called from the
+        dispatcher's thread). Call before :meth:`start`."""
         self._on_finished = on_finished
 
     def submit(self, runs: Iterable[Run]) -> None:
@@ -421,6 +430,8 @@ class ProcessPool:
             child.reap(max(0.0, deadline - monotonic()))
         self._wake_reader.close()
         self._wake_writer.close()
+        if self._selector is not None:
+            self._selector.close()
 
     # -- the dispatcher --------------------------------------------------------------------
 
@@ -435,28 +446,46 @@ class ProcessPool:
         """Send what waits, wait for an answer, a death, a deadline or a wake-up."""
         self._cancel()
         self._dispatch()
-        by_object: dict[Connection | int, _Child] = {}
-        for child in self._children:
-            by_object[child.conn] = child
-            by_object[child.process.sentinel] = child
         deadlines = [d for c in self._children if c.runs and (d := c.runs[0].deadline) is not None]
+        if self._finished:
+            deadlines.append(self._report_at)
         timeout = max(0.0, min(deadlines) - monotonic()) if deadlines else None
-        ready = wait([self._wake_reader, *by_object], timeout)
+        ready = self._ready(timeout)
         if self._closed:
             return
-        if self._wake_reader in ready:
-            with self._lock:
-                self._poked = False
-            while self._wake_reader.poll():
-                self._wake_reader.recv_bytes()
-        seen: set[int] = set()
-        for fired in ready:
-            woken = by_object.get(fired)  # type: ignore[arg-type]
-            if woken is None or id(woken) in seen:
-                continue
-            seen.add(id(woken))
-            self._read(woken)
+        for child, answered in ready:
+            if child is None:  # the wake-up pipe
+                with self._lock:
+                    self._poked = False
+                while self._wake_reader.poll():
+                    self._wake_reader.recv_bytes()
+            elif child in self._children:
+                self._read(child, answered)
         self._expire()
+        self._flush()
+
+    def _ready(self, timeout: float | None) -> list[tuple[_Child | None, bool]]:
+        """Wait for the wake-up pipe or a child (its pipe: True; its death: False).
+        One selector kept while the children stay the same (on POSIX; elsewhere
+        ``multiprocessing.connection.wait`` each time)."""
+        if os.name != "posix":
+            objects: dict[Any, tuple[_Child | None, bool]] = {self._wake_reader: (None, True)}
+            for child in self._children:
+                objects[child.conn] = (child, True)
+                objects[child.process.sentinel] = (child, False)
+            return [objects[fired] for fired in wait(list(objects), timeout)]
+        if self._selector is None or self._watched != self._children:
+            if self._selector is not None:
+                self._selector.close()
+            self._selector = selectors.DefaultSelector()
+            self._selector.register(self._wake_reader, selectors.EVENT_READ, (None, True))
+            for child in self._children:
+                self._selector.register(child.conn, selectors.EVENT_READ, (child, True))
+                self._selector.register(
+                    child.process.sentinel, selectors.EVENT_READ, (child, False)
+                )
+            self._watched = list(self._children)
+        return [key.data for key, _ in self._selector.select(timeout)]
 
     def _dispatch(self) -> None:
         """Send waiting runs: to idle children first, then behind a short job."""
@@ -528,20 +557,24 @@ class ProcessPool:
         child.runs.append(sent)
         return True
 
-    def _read(self, child: _Child) -> None:
-        """Read what *child* said (its readiness, its answers); see whether it died."""
+    def _read(self, child: _Child, answered: bool = False) -> None:
+        """Read what *child* said (its readiness, its answers): one message when its
+        pipe is known readable (*answered*; a second one makes the next wait return at
+        once), else all there is; see whether it died."""
+        conn = child.conn
         try:
-            while child.conn.poll():
-                reply = child.conn.recv_bytes()
+            while answered or conn.poll():
+                reply = conn.recv_bytes()
                 if not child.ready:
                     child.ready = reply == _READY
-                    continue
-                self._answered(child, reply)
-                if child not in self._children:
+                else:
+                    self._answered(child, reply)
+                if answered or child not in self._children:
                     return
-        except (EOFError, OSError):
-            pass
-        if child.process.exitcode is not None or child.conn.closed:
+        except (EOFError, OSError):  # the end of its pipe: it died (or is dying)
+            self._died(child)
+            return
+        if child in self._children and (conn.closed or child.process.exitcode is not None):
             self._died(child)
 
     def _answered(self, child: _Child, reply: bytes) -> None:
@@ -671,8 +704,21 @@ class ProcessPool:
     def _report(
         self, run: Run, span: tracing.AttemptSpan | None, outcome: Outcome, duration: float
     ) -> None:
+        """Report *run* finished: at once if no child runs a job, else with the others
+        that finish within :data:`REPORT_SECONDS`."""
         tracing.end(span, outcome)
-        self._on_finished(Finished(run, outcome, duration))
+        if not self._finished:
+            self._report_at = monotonic() + REPORT_SECONDS
+        self._finished.append(Finished(run, outcome, duration))
+
+    def _flush(self, *, now: bool = False) -> None:
+        """Hand the finished runs to the worker, if it is time (or *now*)."""
+        if not self._finished:
+            return
+        if not now and monotonic() < self._report_at and any(c.runs for c in self._children):
+            return
+        finished, self._finished = self._finished, []
+        self._on_finished(finished)
 
     def _answer(self, run: Run, child: _Child, reply: bytes) -> tuple[Outcome, bool, bool]:
         """The outcome of *reply* (the child's answer), whether to keep the child, and
@@ -710,7 +756,7 @@ class ProcessPool:
         return outcome, True, False
 
 
-def _unbound(finished: Finished) -> None:
+def _unbound(finished: list[Finished]) -> None:
     raise RuntimeError("ProcessPool.report_to was not called")
 
 

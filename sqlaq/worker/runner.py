@@ -56,6 +56,9 @@ class Runner:
             starts, so the worker wakes at its deadline (:meth:`next_deadline`).
         processes: The child processes that run the sync handlers of the process
             executor (their kinds), if any.
+        on_finished_many: Called with several :class:`~sqlaq.worker.run.Finished` at
+            once (the process executor reports them together); *on_finished* for each
+            when not given.
     """
 
     def __init__(
@@ -68,10 +71,12 @@ class Runner:
         async_sessions: transaction.AsyncSessionFactory | None = None,
         on_deadline: Callable[[], None] | None = None,
         processes: ProcessPool | None = None,
+        on_finished_many: Callable[[list[Finished]], None] | None = None,
     ) -> None:
         self._processes = processes
+        self._on_finished_many = on_finished_many
         if processes is not None:
-            processes.report_to(self._report)
+            processes.report_to(self._report_many)
         self._sessions = sessions
         self._on_deadline = on_deadline
         self._async_sessions = async_sessions
@@ -168,6 +173,16 @@ class Runner:
         with self._blocking_lock:
             self._busy -= 1
         self._on_finished(finished)
+
+    def _report_many(self, finished: list[Finished]) -> None:
+        """:meth:`_report` for several runs at once."""
+        with self._blocking_lock:
+            self._busy -= len(finished)
+        if self._on_finished_many is not None:
+            self._on_finished_many(finished)
+            return
+        for each in finished:
+            self._on_finished(each)
 
     def cancel(self, run: Run) -> None:
         """*run*'s job was cancelled: an async handler's task is cancelled (it is
