@@ -424,6 +424,23 @@ def test_no_job_waits_in_the_pipe_of_a_child_whose_last_job_was_long(
     assert job(committed, behind).status == "done"
 
 
+def test_a_finished_job_is_written_while_another_child_still_runs(
+    committed: Engine, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    with process_worker(committed, recorder, processes=2) as worker:
+        long = files(tmp_path, "long")
+        enqueue(committed, "wait_file", long)
+        wait_until(lambda: Path(long["started"]).exists(), 30, "the long job to start")
+        quick = enqueue(committed, "pid")
+        (result,) = recorder.wait_for(1)  # (answers are reported together, a few ms apart)
+        assert result.job_id == quick
+        assert job(committed, quick).status == "done"
+        assert sorted(waiting_in_pipes(worker)) == [0, 1]  # the long one still runs
+        Path(long["release"]).touch()
+        recorder.wait_for(2)
+
+
 def test_per_handler_executor_beside_threads(committed: Engine) -> None:
     mixed = sqlaq.Registry()
     mixed.add("in_child", registry.get("pid").func, executor="process")  # type: ignore[union-attr]
