@@ -3,9 +3,21 @@
 A worker whose ``executor`` is ``"process"`` (or a handler registered with
 ``executor="process"``) runs those sync handlers in child processes it starts itself
 (``multiprocessing``'s *spawn*: a fresh interpreter, never a fork of the worker's
-threads and connections). Each child runs one job at a time; the worker's slot thread
-that runs the job sends it to an idle child through a pipe and waits for the answer,
-so the rest of the worker (claims, leases, the writer) is unchanged:
+threads and connections). Each child runs one job at a time. One thread of the worker,
+the pool's dispatcher, sends jobs to the children through a pipe each, waits on every
+pipe at once and reports the answers; the rest of the worker (claims, leases, the
+writer) is unchanged:
+
+* A child never waits for the worker between two short jobs: a child whose
+  last job ran under :data:`PIPELINE_SECONDS` is sent its next job while it runs the
+  current one (a small message, waiting in its pipe), and starts it the moment it
+  answers. The job's deadline starts then. A job waiting in a pipe that never starts
+  (the job before it timed out, or its child died or went over its memory) goes to
+  another child; a cancelled one is killed with its child as it starts. Longer jobs go
+  to a child only once it is free, so no job waits behind a long one.
+* Answers are reported to the worker together, at most :data:`REPORT_SECONDS` after the
+  first (at once when no child runs a job): one wake-up of the worker and one write for
+  several jobs.
 
 * The child gets the handler by reference: the function pickled as its module and
   qualified name, imported in the child (module-level functions only: the worker
@@ -37,9 +49,9 @@ so the rest of the worker (claims, leases, the writer) is unchanged:
 
 Why not a library: ``concurrent.futures.ProcessPoolExecutor`` cannot kill one task,
 and a dead child breaks the whole pool; ``pebble`` kills per task and limits tasks per
-child, but has no memory ceiling and keeps a thread of its own between the worker's
-slot and the child. A child per pipe, driven by the slot thread that already waits for
-the job, is small and gives every rule above.
+child, but has no memory ceiling and keeps a thread of its own per task. A child per
+pipe, driven by one dispatcher thread, is small and gives every rule above at a cost
+per job of one message each way.
 """
 
 from __future__ import annotations
@@ -843,7 +855,7 @@ def serve(conn: Connection, references: list[bytes], max_memory: int = 0) -> Non
                 error = exc
             finally:
                 unbind(token)
-        rss = resident_memory()
+        rss = resident_memory() if max_memory else 0  # (read only for a ceiling)
         try:
             conn.send_bytes(_answer_bytes(returned, error, rss))
         except (OSError, EOFError):
