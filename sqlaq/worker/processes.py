@@ -108,7 +108,7 @@ PIPELINE_SECONDS = 0.1
 #: How long the answers of jobs are kept to be reported together (one wake-up of the
 #: worker and one write for several jobs, not one per job); reported at once when no
 #: child runs a job.
-REPORT_SECONDS = 0.01
+REPORT_SECONDS = 0.025
 #: The largest message sent to a child that is still running a job: both fit a pipe's
 #: buffer, so the worker never blocks on a busy child.
 PIPELINE_BYTES = 4096
@@ -541,11 +541,20 @@ class ProcessPool:
             raise RuntimeError(f"job {run.job.id}: no handler for kind {run.job.kind!r}")
         job = run.job
         context = run.context
+        lease = context.lease  # its fields: a dataclass pickles its state slowly
         message = pickle.dumps(
             (
                 self._references[handler.kind],
                 job.payload,
-                (job.id, job.kind, job.queue, job.attempt, job.max_attempts, context.lease),
+                (job.id, job.kind, job.queue, job.attempt, job.max_attempts),
+                (
+                    lease.job_id,
+                    lease.worker_id,
+                    lease.token,
+                    lease.attempt,
+                    lease.expires_at,
+                    lease.queue,
+                ),
                 context.lease_length,
                 job.attempted_at,
             )
@@ -831,7 +840,7 @@ def serve(conn: Connection, references: list[bytes], max_memory: int = 0) -> Non
             return
         if not message:
             return
-        reference, payload, fields, lease_length, attempted_at = pickle.loads(message)  # noqa: S301
+        reference, payload, fields, leased, lease_length, attempted_at = pickle.loads(message)  # noqa: S301
         func = functions.get(reference)
         error: BaseException | None = None
         returned: object = None
@@ -841,9 +850,9 @@ def serve(conn: Connection, references: list[bytes], max_memory: int = 0) -> Non
             except BaseException as exc:
                 error = exc
         if func is not None:
-            job_id, kind, queue, attempt, max_attempts, lease = fields
+            job_id, kind, queue, attempt, max_attempts = fields
             context = JobContext(
-                job_id, kind, queue, attempt, max_attempts, lease, lease_length,
+                job_id, kind, queue, attempt, max_attempts, Lease(*leased), lease_length,
                 _not_in_a_child, attempted_at,
             )  # fmt: skip
             token = bind(context)
