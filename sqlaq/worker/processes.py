@@ -733,13 +733,13 @@ class ProcessPool:
         tracing.end(span, outcome)
         if not self._finished:
             self._report_at = monotonic() + REPORT_SECONDS
-        self._finished.append(Finished(run, outcome, duration))
+        self._finished.append(Finished.of(run, outcome, duration))
 
-    def _flush(self, *, now: bool = False) -> None:
-        """Hand the finished runs to the worker, if it is time (or *now*)."""
+    def _flush(self) -> None:
+        """Hand the finished runs to the worker, if it is time."""
         if not self._finished:
             return
-        if not now and monotonic() < self._report_at and any(c.runs for c in self._children):
+        if monotonic() < self._report_at and any(c.runs for c in self._children):
             return
         finished, self._finished = self._finished, []
         self._on_finished(finished)
