@@ -281,9 +281,10 @@ class ProcessPool:
     """Up to *size* child processes running sync handlers, one job each at a time.
 
     :meth:`submit` hands runs to the pool's dispatcher, one thread that sends each to
-    a child, waits on every child's pipe at once, and reports each
-    :class:`~sqlaq.worker.run.Finished` run to the callback given to
-    :meth:`report_to` (from its thread): its answer, its deadline or its child's death.
+    a child, waits on every child's pipe at once, and reports the
+    :class:`~sqlaq.worker.run.Finished` runs (their answers, deadlines or children's
+    deaths) to the callback given to :meth:`report_to`, from its thread, several at
+    once: within :data:`REPORT_SECONDS` of each other, at once when no child runs.
 
     A child whose last job was short (under :data:`PIPELINE_SECONDS`) gets its next
     job while it runs the current one: the job waits in its pipe and starts the moment
