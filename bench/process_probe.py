@@ -15,6 +15,11 @@ On a database of its own (``zz_process_probe``, dropped at the end):
    and the box's busy time from ``/proc/stat``. Per job: how many ms of CPU each part
    used, and how busy the children were (their CPU over the drain's wall time).
 
+3. ``parent``: JOBS jobs of ``cpu`` drained by an in-process burst worker with
+   ``executor="process"`` (2 children): the worker process's own CPU (``getrusage``: user,
+   system, context switches) per job over ``Worker.run``, the children excluded. The
+   part of the box the worker takes from its children, whatever the load.
+
 A probe, not a test: it prints, it asserts nothing but that every job was done.
 """
 
@@ -248,6 +253,34 @@ def drain(engine: Any, label: str, jobs: int, args: list[str]) -> None:
     )
 
 
+def parent(engine: Any, jobs: int) -> None:
+    import resource
+
+    from bench.app import cpu_registry
+
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE sqlaq_jobs"))
+        sqlaq.enqueue_copy(conn, [NewJob("cpu", {"n": n}) for n in range(jobs)])
+    worker = sqlaq.Worker(engine, cpu_registry, executor="process", processes=2, burst=True)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    worker.run()
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    with engine.connect() as conn:
+        done = conn.execute(text("SELECT count(*) FROM sqlaq_jobs WHERE status = 'done'"))
+        if done.scalar_one() != jobs:
+            raise RuntimeError("not every job was done")
+    per_job = 1e6 / jobs
+    print(
+        f"  parent (in-process worker, 2 children): {jobs / wall:,.0f} jobs/s wall;"
+        f" its CPU per job: user {(after.ru_utime - before.ru_utime) * per_job:.0f} us,"
+        f" system {(after.ru_stime - before.ru_stime) * per_job:.0f} us;"
+        f" context switches per job: {(after.ru_nvcsw - before.ru_nvcsw) / jobs:.1f}"
+        f" voluntary, {(after.ru_nivcsw - before.ru_nivcsw) / jobs:.1f} involuntary"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("jobs", type=int, nargs="?", default=4000)
@@ -274,6 +307,8 @@ def main() -> None:
             if "processes" in options.only:
                 extra = options.worker_args.split()
                 drain(engine, "processes", options.jobs, ["--executor", "process", *extra])
+            if "parent" in options.only:
+                parent(engine, options.jobs)
         engine.dispose()
     finally:
         with psycopg.connect(ADMIN, autocommit=True) as admin:
