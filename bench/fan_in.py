@@ -7,9 +7,11 @@ waiting for all of them), then *threads* connections claim and complete them, *b
 per transaction, as fast as they can, and the script prints completions per second for
 each, alternating the two *rounds* times. A chord's parents each delete their own edge
 row and check the callback in their completion's transaction (the trigger): no row is
-shared by two parents, so the completions should not serialise. After the chord's run,
-one post-commit release check (what a worker does on the release notification) must
-leave the callback due.
+shared by two parents, and a parent notifies ``sqlaq_release`` only when every parent
+left is finishing at that moment (a NOTIFY makes the commits that send one wait for
+each other), so the completions should not serialise. After the chord's run, one
+post-commit release check (what a worker does on the release notification) must leave
+the callback due.
 
 Creates a database of its own on the local server (or SQLAQ_BENCH_SERVER_URL) and drops
 it at the end.

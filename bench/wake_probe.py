@@ -9,8 +9,10 @@ Two measurements on a database of its own (``bench_wake_probe``, dropped at the 
    each stage, from the enqueue's commit to the listener's callback, to the claiming
    thread's claim, through the claim, to the handler on its slot thread.
 2. Raw psycopg: the worker's own claim statement (prepared, one due job, a 200-row
-   analyzed table) and a ``SELECT 1``, with no pause, 2 ms and 20 ms before each: on a
-   VM, waking a process that has been idle costs more than the statement.
+   analyzed table), committed as usual and as the worker commits it (relaxed: in one
+   pipeline with ``relaxed_commit_stmt``), and a ``SELECT 1``, with no pause, 2 ms and
+   20 ms before each: on a VM, waking a process that has been idle costs more than the
+   statement, and a commit's WAL flush after an idle moment more still.
 
 The stage timestamps come from wrapping the worker's methods (``Worker._notified``,
 ``Fetcher.fetch``, ``Precompiled.run``) in this process: a probe, not a test.
@@ -65,9 +67,9 @@ def stages(jobs: int) -> None:
             mark("claim ends")
         return claimed
 
-    def on_run(self: Any, *args: Any) -> Any:
+    def on_run(self: Any, *args: Any, **kwargs: Any) -> Any:
         started = pc()
-        result = run(self, *args)
+        result = run(self, *args, **kwargs)
         if result and current["seq"] is not None:
             marks.setdefault((current["seq"], "statement"), pc() - started)
         return result
@@ -136,21 +138,32 @@ def idle_cost() -> None:
             " SELECT 'noop', '{}', 'done', now() FROM generate_series(1, 200)"
         )
         raw.execute("ANALYZE sqlaq_jobs")
+        relax = str(sqlaq.queries.relaxed_commit_stmt().compile(dialect=engine.dialect))
         for pause in (0.0, 0.002, 0.02):
-            claims, selects = [], []
+            claims, relaxed, selects = [], [], []
             for _ in range(150):
                 ins.execute("INSERT INTO sqlaq_jobs (kind, payload) VALUES ('noop', '{}')")
                 time.sleep(pause)
                 started = pc()
                 raw.execute(claim_sql, params, prepare=True).fetchall()
                 claims.append(pc() - started)
+                ins.execute("INSERT INTO sqlaq_jobs (kind, payload) VALUES ('noop', '{}')")
+                time.sleep(pause)
+                started = pc()
+                cursor = raw.cursor()
+                with raw.pipeline():  # what the worker sends: one round trip
+                    raw.execute(relax)
+                    cursor.execute(claim_sql, params, prepare=True)
+                cursor.fetchall()
+                relaxed.append(pc() - started)
                 time.sleep(pause)
                 started = pc()
                 raw.execute("SELECT 1", prepare=True).fetchall()
                 selects.append(pc() - started)
             print(
                 f"  pause {pause * 1e3:4.0f} ms: claim of one due job p50"
-                f" {statistics.median(claims[20:]) * 1e3:.3f} ms, SELECT 1 p50"
+                f" {statistics.median(claims[20:]) * 1e3:.3f} ms (relaxed commit"
+                f" {statistics.median(relaxed[20:]) * 1e3:.3f} ms), SELECT 1 p50"
                 f" {statistics.median(selects[20:]) * 1e3:.3f} ms"
             )
 

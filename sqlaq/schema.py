@@ -41,17 +41,28 @@ Design decisions written down here:
   row trigger when it finishes (``WHEN`` it ``has_dependents``: every other job pays a
   boolean test), in its finishing transaction; the same trigger applies the child's
   ``on_parent_failure`` and releases (``run_at = now()``) the children left with no
-  row. No row is shared by two parents, so parents finish in parallel; two parents
-  finishing at once may each still see the other's row, so the trigger also notifies
-  ``sqlaq_release`` for each child still waiting, and whoever hears it checks again
-  after commit (the last committer's check sees every delete); the maintenance leader
-  sweeps what a lost notification left.
+  row. No row is shared by two parents, so parents finish in parallel. Since
+  sqlaq_0010, a finishing parent that sees another parent's row which no transaction
+  is deleting (``xmax`` 0) leaves the child to that parent (it finishes later, and
+  looks again then); when every row left is being deleted by a transaction in flight
+  (parents finishing at once), it notifies ``sqlaq_release``, and whoever hears it
+  waits for those transactions (``FOR KEY SHARE`` on the rows being deleted) and checks
+  again; the maintenance leader sweeps what a lost notification left. A NOTIFY
+  serializes the commits that send one, so the members of a fan-in send none but at
+  its very end.
 * Keys (sqlaq_0007): a job may carry a ``key`` (a tenant, an account). A kind with a
   per-key limit (``key_concurrency``) or strict order per key (``ordered``) is claimed
   under its kind lock like any limited kind: the live leases are counted per key from
   the running index, and the key index (``kind, key, id`` over queued, running and
   failed keyed rows) answers "is an earlier job of this key still pending or failed?"
   in one probe. Jobs without a key, and kinds without key limits, never read it.
+* Workflow children (sqlaq_0010): a parent's ``sqlaq_job_deps`` rows go when it
+  finishes, so its children are found from their side: a GIN index over ``parent_ids``
+  (partial on ``parent_ids IS NOT NULL``: only jobs with parents pay for it on insert
+  and update) answers ``parent_ids @> ARRAY[parent]``, the step down of every workflow
+  walk (reading, cancelling, and retention's "is this workflow finished?").
+  ``fastupdate`` is off: a walk probes it once per job it meets, and a pending list
+  would be read whole at each probe.
 * Status literals in predicates are inlined, never bound: a prepared ``ON CONFLICT ...
   WHERE status IN ($1, $2)`` stops matching the partial index once PostgreSQL switches
   to a generic plan.
@@ -99,6 +110,9 @@ WAITING_INDEX = "sqlaq_jobs_waiting_idx"
 KEY_INDEX = "sqlaq_jobs_key_idx"
 #: The fair claim's index (sqlaq_0009): pending jobs by queue and share in claim order.
 FAIR_INDEX = "sqlaq_jobs_fair_idx"
+#: The parents index (sqlaq_0010): GIN over ``parent_ids``, jobs with parents only; finds
+#: a job's children (``parent_ids @> ARRAY[id]``) once its edge rows are gone.
+PARENTS_INDEX = "sqlaq_jobs_parents_idx"
 DEPS_FUNCTION = "sqlaq_jobs_settle_children"
 DEPS_TRIGGER = "sqlaq_jobs_deps_trg"
 #: The NOTIFY channel of waiting jobs whose parent finished while they kept a parent
@@ -274,6 +288,15 @@ jobs = Table(
         "run_at",
         "id",
         postgresql_where=text(f"{PENDING_SQL} AND key IS NOT NULL"),
+    ),
+    # Workflow children (sqlaq_0010): a job's children by parent, whatever their status
+    # (a workflow's walk steps down through it); jobs without parents are not in it.
+    Index(
+        PARENTS_INDEX,
+        "parent_ids",
+        postgresql_using="gin",
+        postgresql_with={"fastupdate": "off"},
+        postgresql_where=text("parent_ids IS NOT NULL"),
     ),
 )
 

@@ -36,6 +36,7 @@ from sqlaq.schema import (
     FAIR_INDEX,
     FINISHED_INDEX,
     KEY_INDEX,
+    PARENTS_INDEX,
     PAUSED_TABLE,
     PERIODIC_TABLE,
     RATES_TABLE,
@@ -73,7 +74,7 @@ __all__ = [
 
 #: The newest shipped revision: what this sqlaq needs. A test pins it to the head of the
 #: revision files, so it cannot drift from them.
-HEAD = "sqlaq_0009"
+HEAD = "sqlaq_0010"
 #: The branch label of sqlaq's revisions: ``alembic downgrade sqlaq@base``.
 BRANCH = "sqlaq"
 #: For a host's ``version_locations`` (needs ``path_separator = space`` or similar).
@@ -103,6 +104,7 @@ _OWN_INDEXES = frozenset(
         WAITING_INDEX,
         KEY_INDEX,
         FAIR_INDEX,
+        PARENTS_INDEX,
     }
 )
 
@@ -135,7 +137,7 @@ def standalone_config(url: str | None = None, *, connection: Connection | None =
 
 
 def head_revision() -> str:
-    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0009"`` (:data:`HEAD`)."""
+    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0010"`` (:data:`HEAD`)."""
     return HEAD
 
 

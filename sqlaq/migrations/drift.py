@@ -128,6 +128,11 @@ EXPECTED_INDEXES: Mapping[str, tuple[str, str]] = {
         "priority DESC, run_at, id) WHERE ((status = ANY (ARRAY['queued'::text, "
         "'running'::text])) AND (key IS NOT NULL))",
     ),
+    "sqlaq_jobs_parents_idx": (
+        TABLE_NAME,
+        "CREATE INDEX sqlaq_jobs_parents_idx ON sqlaq_jobs USING gin (parent_ids) "
+        "WITH (fastupdate=off) WHERE (parent_ids IS NOT NULL)",
+    ),
     "sqlaq_job_deps_child_id_idx": (
         DEPS_TABLE,
         "CREATE INDEX sqlaq_job_deps_child_id_idx ON sqlaq_job_deps USING btree "
@@ -196,31 +201,38 @@ EXPECTED_FUNCTIONS: Mapping[str, str] = {
         "RETURN NULL; END $function$"
     ),
     DEPS_FUNCTION: (
-        "CREATE OR REPLACE FUNCTION sqlaq_jobs_settle_children() RETURNS trigger LANGUAGE"
-        " plpgsql AS $function$ DECLARE children bigint[]; child bigint; other bigint; "
-        "released_queue text; BEGIN IF OLD.parent_ids IS NOT NULL THEN DELETE FROM "
-        "sqlaq_job_deps WHERE child_id = NEW.id; END IF; IF NOT NEW.has_dependents THEN "
-        "RETURN NULL; END IF; WITH gone AS (DELETE FROM sqlaq_job_deps WHERE parent_id = "
-        "NEW.id RETURNING child_id) SELECT array_agg(child_id) INTO children FROM gone; "
-        "IF children IS NULL THEN RETURN NULL; END IF; IF NEW.status <> 'done' THEN "
-        "UPDATE sqlaq_jobs SET status = CASE WHEN on_parent_failure = 'fail' THEN "
-        "'failed' ELSE 'cancelled' END, finished_at = now(), last_error = format('parent "
-        "job %s %s', NEW.id, NEW.status) WHERE id = ANY (children) AND status = 'queued' "
-        "AND run_at >= '9900-01-01 00:00:00+00' AND coalesce(on_parent_failure, 'cancel')"
-        " <> 'run'; END IF; FOREACH child IN ARRAY children LOOP -- Any parent left? "
-        "Probe up, then down, from this parent's own edge: the -- nearest live edge comes"
-        " first, not the dead ones of earlier parents. SELECT d.parent_id INTO other FROM"
-        " sqlaq_job_deps d WHERE d.child_id = child AND d.parent_id > NEW.id ORDER BY "
-        "d.parent_id LIMIT 1; IF other IS NULL THEN SELECT d.parent_id INTO other FROM "
-        "sqlaq_job_deps d WHERE d.child_id = child AND d.parent_id < NEW.id ORDER BY "
-        "d.parent_id DESC LIMIT 1; END IF; IF other IS NOT NULL THEN -- Its parent may be"
-        " finishing at this instant, unseen: check again -- after commit (whoever listens"
-        " on sqlaq_release). PERFORM pg_notify('sqlaq_release', child::text); ELSE "
-        "released_queue := NULL; UPDATE sqlaq_jobs SET run_at = now() WHERE id = child "
-        "AND status = 'queued' AND run_at >= '9900-01-01 00:00:00+00' RETURNING queue "
-        "INTO released_queue; IF released_queue IS NOT NULL THEN PERFORM "
-        "pg_notify('sqlaq_jobs', released_queue); END IF; END IF; END LOOP; RETURN NULL; "
-        "END $function$"
+        "CREATE OR REPLACE FUNCTION sqlaq_jobs_settle_children() RETURNS trigger LANGUAGE "
+        "plpgsql AS $function$ DECLARE children bigint[]; child bigint; other bigint; free "
+        "boolean; finishing boolean; released_queue text; BEGIN IF OLD.parent_ids IS NOT NULL "
+        "THEN DELETE FROM sqlaq_job_deps WHERE child_id = NEW.id; END IF; IF NOT "
+        "NEW.has_dependents THEN RETURN NULL; END IF; WITH gone AS (DELETE FROM "
+        "sqlaq_job_deps WHERE parent_id = NEW.id RETURNING child_id) SELECT "
+        "array_agg(child_id) INTO children FROM gone; IF children IS NULL THEN RETURN NULL; "
+        "END IF; IF NEW.status <> 'done' THEN UPDATE sqlaq_jobs SET status = CASE WHEN "
+        "on_parent_failure = 'fail' THEN 'failed' ELSE 'cancelled' END, finished_at = now(), "
+        "last_error = format('parent job %s %s', NEW.id, NEW.status) WHERE id = ANY "
+        "(children) AND status = 'queued' AND run_at >= '9900-01-01 00:00:00+00' AND "
+        "coalesce(on_parent_failure, 'cancel') <> 'run'; END IF; FOREACH child IN ARRAY "
+        "children LOOP -- A parent left that is not finishing now (its edge's xmax is 0: no "
+        "-- transaction deletes it)? It settles this child when it finishes: -- nothing to do "
+        "here. Walk up, then down, from this parent's own edge, -- one ordered probe per "
+        "edge: the nearest live edge comes first, not -- the dead ones of earlier parents, "
+        "and edges being deleted (a few: -- those of the parents finishing in flight) are "
+        "stepped over. free := false; finishing := false; other := NEW.id; LOOP SELECT "
+        "d.parent_id, d.xmax = '0'::xid INTO other, free FROM sqlaq_job_deps d WHERE "
+        "d.child_id = child AND d.parent_id > other ORDER BY d.parent_id LIMIT 1; EXIT WHEN "
+        "other IS NULL OR free; finishing := true; END LOOP; CONTINUE WHEN free; other := "
+        "NEW.id; LOOP SELECT d.parent_id, d.xmax = '0'::xid INTO other, free FROM "
+        "sqlaq_job_deps d WHERE d.child_id = child AND d.parent_id < other ORDER BY "
+        "d.parent_id DESC LIMIT 1; EXIT WHEN other IS NULL OR free; finishing := true; END "
+        "LOOP; CONTINUE WHEN free; IF finishing THEN -- Each parent left is finishing in a "
+        "transaction in flight: check -- again after commit (whoever listens on sqlaq_release "
+        "waits for -- those transactions, then looks). PERFORM pg_notify('sqlaq_release', "
+        "child::text); ELSE released_queue := NULL; UPDATE sqlaq_jobs SET run_at = now() "
+        "WHERE id = child AND status = 'queued' AND run_at >= '9900-01-01 00:00:00+00' "
+        "RETURNING queue INTO released_queue; IF released_queue IS NOT NULL THEN PERFORM "
+        "pg_notify('sqlaq_jobs', released_queue); END IF; END IF; END LOOP; RETURN NULL; END "
+        "$function$"
     ),
 }
 

@@ -243,7 +243,13 @@ def count_prunable(*, older_than: timedelta, statuses: Iterable[JobStatus | str]
     wanted = _finished(statuses)
     citus = yield DISTRIBUTED
     stmt = queries.count_prunable_stmt(older_than=older_than, statuses=wanted, workflows=not citus)
-    return int((yield stmt, None).scalar_one())
+    if citus:
+        return int((yield stmt, None).scalar_one())
+    # The workflows' walk: JIT off (see prune).
+    was = (yield queries.set_setting_stmt(name="jit", value="off"), None).scalar_one()
+    count = int((yield stmt, None).scalar_one())
+    yield queries.set_setting_stmt(name="jit", value=was), None
+    return count
 
 
 def _finished(statuses: Iterable[JobStatus | str]) -> set[JobStatus]:
@@ -302,22 +308,24 @@ def prune(
     keys = yield queries.blocking_references_stmt(), None
     spare = [queries.Reference(*row) for row in keys]
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit, spare=spare)
-    # The statement spares an unfinished workflow's jobs through a recursive read whose
+    # The statement spares an unfinished workflow's jobs through a recursive walk whose
     # estimate (never its cost: it runs only when a workflow job is met) would make
-    # PostgreSQL JIT-compile every batch (30 ms to 0.3 s): JIT off, then back.
+    # PostgreSQL JIT-compile every batch (30 ms to 0.3 s): JIT off, then back (after the
+    # count of referenced jobs, which spares them too).
     was = (yield queries.set_setting_stmt(name="jit", value="off"), None).scalar_one()
     if not spare:
         deleted = _rowcount((yield stmt, None))
         yield queries.set_setting_stmt(name="jit", value=was), None
         return PruneResult(deleted)
     deleted = yield from _delete_around_references(stmt)
-    yield queries.set_setting_stmt(name="jit", value=was), None
     if deleted >= limit:
+        yield queries.set_setting_stmt(name="jit", value=was), None
         return PruneResult(deleted)
     count = queries.count_referenced_stmt(
         older_than=older_than, statuses=wanted, references=spare, limit=limit
     )
     skipped = int((yield count, None).scalar_one())
+    yield queries.set_setting_stmt(name="jit", value=was), None
     if not skipped:
         return PruneResult(deleted)
     tables = tuple(dict.fromkeys(ref.qualified for ref in spare))

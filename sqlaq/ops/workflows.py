@@ -228,6 +228,11 @@ def release_waiting(
     parents may have finished at once, and the maintenance leader sweeps what a crash
     left. Call it to heal a database no worker serves, or in a test. Idempotent.
 
+    With *job_ids* (the check a worker makes when told ``sqlaq_release``), it first
+    waits for the transactions in flight that are finishing a parent of those jobs
+    (their completion or cancel), so that it sees their outcome: run it in a
+    transaction of its own, at READ COMMITTED (the default), holding no lock.
+
     Args:
         conn: The caller's Connection or Session.
         job_ids: Check these jobs only; None: up to *limit* waiting jobs.
@@ -242,6 +247,9 @@ def release_waiting(
         ids = list(job_ids)
         if not ids:
             return []
+        # The other parents finishing in flight first (a statement of its own: the
+        # release's snapshot then sees their commits).
+        (yield queries.wait_finishing_stmt(job_ids=ids), None).all()
         stmt = queries.release_stmt(job_ids=ids)
     else:
         stmt = queries.release_waiting_stmt(limit=limit)

@@ -81,6 +81,7 @@ from sqlaq.queries.claim import (
     lock_kind_stmt,
     record_starts_params,
     record_starts_stmt,
+    relaxed_commit_stmt,
     where_check_stmt,
     where_text,
 )
@@ -193,6 +194,7 @@ from sqlaq.queries.workflow import (
     release_stmt,
     release_waiting_stmt,
     set_setting_stmt,
+    wait_finishing_stmt,
     waiting_for_stmt,
     workflow_stmt,
 )
@@ -290,6 +292,7 @@ __all__ = [
     "rate_logs_stmt",
     "record_starts_params",
     "record_starts_stmt",
+    "relaxed_commit_stmt",
     "release_stmt",
     "release_waiting_stmt",
     "resign_stmt",
@@ -312,6 +315,7 @@ __all__ = [
     "unique_holder_stmt",
     "vacuum_need_stmt",
     "vacuum_stmt",
+    "wait_finishing_stmt",
     "wait_percentiles_stmt",
     "waiting_for_stmt",
     "watch_job_stmt",

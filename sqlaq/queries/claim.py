@@ -386,6 +386,28 @@ def where_check_stmt(*, where: ColumnElement[bool] | Sequence[ColumnElement[bool
     return select(c.id).where(*_where_clauses(where)).limit(literal_column("0", Integer))
 
 
+def relaxed_commit_stmt() -> Select[Any]:
+    """Let the current transaction commit without waiting for its WAL to reach the disk.
+
+    Renders ``SELECT set_config('synchronous_commit', 'off', true)``: the setting lasts
+    until the transaction ends, so run it first in the transaction it is meant for (the
+    worker sends it in one pipeline with its claim: one implicit transaction, one round
+    trip). A commit then returns before its flush; PostgreSQL's WAL writer flushes it
+    within ``3 x wal_writer_delay`` (600 ms by default), and any later synchronous commit
+    of any session flushes it first. Only a crash of the server in between undoes the
+    transaction, never anything after it. The worker's claims use it: a claim undone
+    that way leaves its job queued as before, to run again, exactly as the job of a
+    worker that crashed (``docs/explanation/delivery-guarantees.md``).
+    """
+    return select(
+        func.set_config(
+            literal_column("'synchronous_commit'", Text),
+            literal_column("'off'", Text),
+            literal_column("true", Boolean),
+        )
+    )
+
+
 def lock_kind_stmt(*, kind: str) -> Select[Any]:
     """Take the claim lock of a limited *kind* until the transaction ends.
 

@@ -196,12 +196,38 @@ def release_stmt(*, job_ids: Collection[int]) -> Select[Any]:
             RETURNING id, queue)
         SELECT released.id, pg_notify('sqlaq_jobs', released.queue) FROM released
 
-    Run after a parent's finishing transaction committed: it then sees every other
-    parent's committed delete, so the last parent to commit always releases the child.
+    Run after a parent's finishing transaction committed, and after
+    :func:`wait_finishing_stmt` (which waits for the other parents finishing in flight):
+    it then sees every other parent's committed delete.
     Idempotent: a released job is no longer waiting, so only one run releases it. Reads
     the child's edges only; writes the child only when it releases it.
     """
     return _released(c.id == func.any(bindparam("b_ids", list(job_ids), _IDS)))
+
+
+def wait_finishing_stmt(*, job_ids: Collection[int]) -> Select[Any]:
+    """Wait until no transaction in flight is deleting an edge of *job_ids*.
+
+    Renders ``SELECT parent_id FROM sqlaq_job_deps WHERE child_id = ANY(:b_ids) AND xmax
+    <> '0'::xid FOR KEY SHARE OF sqlaq_job_deps``: an edge whose parent is finishing in
+    another transaction (its delete in flight sets the row's ``xmax``) is locked, which
+    waits for that transaction to end (an edge it deleted is then skipped); an edge
+    nobody deletes (``xmax`` 0) is not locked. Run before :func:`release_stmt`, as its
+    own statement, so that the release's snapshot sees those transactions' ends.
+
+    Why: a finishing parent that sees another parent's edge not being deleted
+    (``xmax`` 0) relies on that parent, which finishes later, and does not notify. That
+    later parent, seeing only edges being deleted, notifies ``sqlaq_release``, and may
+    commit first: its check waits here for the earlier one.
+    """
+    return (
+        select(d.parent_id)
+        .where(
+            d.child_id == func.any(bindparam("b_ids", list(job_ids), _IDS)),
+            literal_column("sqlaq_job_deps.xmax") != literal_column("'0'::xid"),
+        )
+        .with_for_update(read=True, key_share=True, of=job_deps)
+    )
 
 
 def release_waiting_stmt(*, limit: int) -> Select[Any]:

@@ -71,6 +71,11 @@ from sqlaq.worker.writer import Batch, Writer, Written
 
 __all__ = ["FINAL_WRITE_SECONDS", "LISTENER_APPLICATION_NAME", "WORKER_APPLICATION_NAME", "Worker"]
 
+#: How long a worker's check of a waiting job (on ``sqlaq_release``) waits for the
+#: other parents finishing in flight (``lock_timeout``): their completions commit in
+#: milliseconds; one held open longer is left to the leader's sweep.
+RELEASE_WAIT = "5s"
+
 _log = logging.getLogger("sqlaq.worker")
 
 #: After the grace period, how long to keep trying to write outcomes and hand jobs back.
@@ -455,13 +460,16 @@ class Worker:
 
     def _release(self) -> None:
         """Check again, after their parent's commit, the waiting jobs a finishing parent
-        named: the last parent to commit sees every other's delete, so one check
-        releases each job (see :func:`sqlaq.release_waiting`). A failure is left to the
-        leader's sweep."""
+        named: the check waits for the other parents finishing in flight (up to
+        RELEASE_WAIT), then sees every delete, so one check releases each job (see
+        :func:`sqlaq.release_waiting`). A failure is left to the leader's sweep."""
         ids = list(dict.fromkeys(self._releases))
         self._releases.clear()
         try:
             with self._engine.begin() as conn:
+                # The wait is for completions in flight (milliseconds); a parent
+                # finishing in a transaction held open longer is left to the sweep.
+                conn.execute(queries.set_setting_stmt(name="lock_timeout", value=RELEASE_WAIT))
                 ops.release_waiting(conn, job_ids=ids)
         except Exception as exc:
             _log.warning("could not release waiting jobs (the sweep will): %s", describe(exc))

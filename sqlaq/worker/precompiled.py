@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from psycopg import Pipeline
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.pq import Format
@@ -25,11 +26,14 @@ from psycopg.types.json import JsonbLoader
 from sqlalchemy import Connection
 
 from sqlaq.drive import PerEngine, Plan, per_engine
+from sqlaq.queries import relaxed_commit_stmt
 
 __all__ = ["Precompiled"]
 
 R = TypeVar("R")
 _MAX_CACHED = 256  # statements compiled per Precompiled, at most
+_RELAXED = relaxed_commit_stmt()
+_PIPELINES = Pipeline.is_supported()  # libpq 14 or later
 _JSONB_OID = 3802  # pg_type's oid of jsonb, fixed since PostgreSQL 9.4
 
 # json.loads's decoder's scanner, in C (typeshed does not declare the attribute).
@@ -74,8 +78,16 @@ class Precompiled:
         # statement is kept so its id cannot be reused while cached.
         self._sql: dict[int, tuple[Any, str | None, dict[str, Any] | None]] = {}
 
-    def run(self, conn: Connection, plan: Plan[R]) -> R:
-        """Run *plan* on *conn* (in autocommit); return what it returns."""
+    def run(self, conn: Connection, plan: Plan[R], *, relaxed: bool = False) -> R:
+        """Run *plan* on *conn* (in autocommit); return what it returns.
+
+        *relaxed*: each of its statements run here commits without waiting for its WAL
+        flush (:func:`~sqlaq.queries.relaxed_commit_stmt`, sent with the statement in
+        one pipeline: one implicit transaction, one round trip). Where the driver's
+        libpq has no pipeline mode (before PostgreSQL 14's), they commit as usual. A
+        statement SQLAlchemy must run (see the class) is relaxed in a transaction of
+        its own: ``BEGIN``, the setting, the statement, ``COMMIT``.
+        """
         try:
             step = plan.send(None)
             while True:
@@ -87,6 +99,14 @@ class Precompiled:
                 statement, params = step
                 _, sql, fixed = self._compiled(statement, conn, params)
                 if sql is None:
+                    if relaxed:  # a transaction of its own (SQLAlchemy reads at once)
+                        driver = conn.connection.driver_connection
+                        relax = self._compiled(_RELAXED, conn, None)[1]
+                        with driver.transaction():  # type: ignore[union-attr]
+                            driver.execute(relax)  # type: ignore[union-attr]
+                            result = conn.execute(statement, params)
+                        step = plan.send(result)  # its rows are in hand: a client cursor's
+                        continue
                     step = plan.send(conn.execute(statement, params))
                     continue
                 if fixed is not None:  # values of the statement's own (a where clause's)
@@ -98,7 +118,15 @@ class Precompiled:
                 if driver.adapters.get_loader(_JSONB_OID, Format.TEXT) is JsonbLoader:  # type: ignore[union-attr]
                     cursor.adapters.register_loader(_JSONB_OID, _JsonbText)
                 try:
-                    cursor.execute(sql, params)
+                    if relaxed and _PIPELINES:
+                        relax = self._compiled(_RELAXED, conn, None)[1]
+                        # The pipeline's exit sends its Sync: the statements' implicit
+                        # transaction commits there, and their results come back.
+                        with driver.pipeline():  # type: ignore[union-attr]
+                            driver.execute(relax)  # type: ignore[union-attr]
+                            cursor.execute(sql, params)
+                    else:
+                        cursor.execute(sql, params)
                     rows = _Rows(cursor.fetchall() if cursor.description else ())
                 except Exception:
                     conn.invalidate()

@@ -10,7 +10,7 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, select, text
 
 import sqlaq
 from sqlaq import ops
@@ -80,3 +80,62 @@ def test_claims_narrowed_by_ever_new_clauses_keep_its_cache_bounded(committed: E
             claimed += [job.id for job in precompiled.run(conn, plan)]
     assert claimed == [ids[1], ids[2], ids[0]]
     assert len(precompiled._sql) <= 256
+
+
+#: True only inside a transaction whose commit does not wait for its WAL flush.
+RELAXED = text("current_setting('synchronous_commit') = 'off'")
+
+
+@pytest.mark.parametrize("relaxed", [True, False], ids=["relaxed", "synchronous"])
+def test_a_relaxed_claim_commits_without_its_flush_and_leaves_the_session_as_it_was(
+    committed: Engine, relaxed: bool
+) -> None:
+    with committed.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "k", queue="precompiled").job_id
+    with committed.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        plan = plan_of(ops.claim)(
+            worker_id=uuid4(), queue="precompiled", lease=timedelta(seconds=30), where=RELAXED
+        )
+        claimed = Precompiled().run(conn, plan, relaxed=relaxed)
+        assert [job.id for job in claimed] == ([job_id] if relaxed else [])
+        # The setting was the claim's transaction's: the session (and the pool's next
+        # user of this connection) commits as before.
+        assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
+    if relaxed:  # the claim committed
+        with committed.connect() as conn:
+            status = conn.execute(
+                select(sqlaq.jobs.c.status).where(sqlaq.jobs.c.id == job_id)
+            ).scalar()
+        assert status == "running"
+
+
+def test_the_worker_s_claims_commit_relaxed(committed: Engine) -> None:
+    # A worker whose condition holds only in a relaxed transaction finds its job.
+    with committed.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "k", queue="precompiled").job_id
+    ran: list[int] = []
+    registry = sqlaq.Registry()
+    registry.handler("k")(lambda payload: ran.append(sqlaq.current_job().id))
+    sqlaq.Worker(committed, registry, queues=["precompiled"], where=RELAXED, burst=True).run()
+    assert ran == [job_id]
+
+
+def test_a_relaxed_claim_that_sqlalchemy_runs_is_relaxed_too(committed: Engine) -> None:
+    # A JSON-path clause has a bind processor: SQLAlchemy runs the claim, in a
+    # transaction of its own with the setting.
+    with committed.begin() as conn:
+        job_id = sqlaq.enqueue(conn, "k", {"region": "eu"}, queue="precompiled").job_id
+    where = [RELAXED, sqlaq.jobs.c.payload["region"].astext == "eu"]
+    with committed.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        plan = plan_of(ops.claim)(
+            worker_id=uuid4(), queue="precompiled", lease=timedelta(seconds=30), where=where
+        )
+        assert [job.id for job in Precompiled().run(conn, plan, relaxed=True)] == [job_id]
+        assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
+    with committed.connect() as conn:  # committed
+        assert (
+            conn.execute(select(sqlaq.jobs.c.status).where(sqlaq.jobs.c.id == job_id)).scalar()
+            == "running"
+        )

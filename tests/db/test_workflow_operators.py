@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from helpers import finish_long_ago
 from sqlalchemy import Connection, text
+from sqlalchemy.dialects import postgresql
 
 import sqlaq
 from sqlaq import NewJob
@@ -76,6 +77,49 @@ def test_prune_keeps_a_chains_ancestors_and_a_groups_finished_siblings(
     finish_long_ago(conn, chain.job_ids[2], "done", "30 days")
     finish_long_ago(conn, group.job_ids[1], "failed", "30 days")
     assert _prune_all(conn) == 6
+
+
+def test_prune_keeps_a_finished_branch_while_another_branch_of_its_workflow_runs(
+    conn: Connection,
+) -> None:
+    # root -> left -> left_end, root -> right -> right_end: the left branch finished
+    # long ago, the right one runs. The whole workflow stays until it has finished.
+    root = sqlaq.enqueue(conn, "root").job_id
+    left = sqlaq.enqueue(conn, "left", after=[root]).job_id
+    left_end = sqlaq.enqueue(conn, "left_end", after=[left]).job_id
+    right = sqlaq.enqueue(conn, "right", after=[root]).job_id
+    right_end = sqlaq.enqueue(conn, "right_end", after=[right]).job_id
+    plain = sqlaq.enqueue(conn, "plain").job_id
+    for job_id in (root, left, left_end, plain):
+        finish_long_ago(conn, job_id, "done", "30 days")
+    conn.execute(text("UPDATE sqlaq_jobs SET status = 'running' WHERE id = :id"), {"id": right})
+    flow = [root, left, left_end, right, right_end]
+    count = sqlaq.queries.count_prunable_stmt(older_than=WEEK, statuses=["done"])
+    assert conn.execute(count).scalar_one() == 1
+    assert _prune_all(conn) == 1
+    assert _ids(conn, [*flow, plain]) == flow
+    assert [job.job_id for job in sqlaq.read_workflow(conn, left_end).jobs] == flow
+
+    finish_long_ago(conn, right, "done", "30 days")
+    assert _prune_all(conn) == 0  # right_end, released, has not run
+    finish_long_ago(conn, right_end, "done", "30 days")
+    assert _prune_all(conn) == 5
+    assert _ids(conn, flow) == []
+
+
+def test_prune_keeps_a_cancelled_child_while_its_root_runs(conn: Connection) -> None:
+    root = sqlaq.enqueue(conn, "root").job_id
+    child = sqlaq.enqueue(conn, "child", after=[root]).job_id
+    grandchild = sqlaq.enqueue(conn, "grandchild", after=[child]).job_id
+    conn.execute(text("UPDATE sqlaq_jobs SET status = 'running' WHERE id = :id"), {"id": root})
+    assert sqlaq.cancel(conn, child) == [child]  # and its grandchild, in cascade
+    conn.execute(
+        text("UPDATE sqlaq_jobs SET finished_at = now() - interval '30 days' WHERE id = ANY(:i)"),
+        {"i": [child, grandchild]},
+    )
+    assert _prune_all(conn) == 0
+    finish_long_ago(conn, root, "done", "30 days")
+    assert _prune_all(conn) == 3
 
 
 def test_prune_deletes_a_finished_workflow_and_plain_jobs_as_before(conn: Connection) -> None:
@@ -174,5 +218,25 @@ def test_prune_runs_without_jit_and_sets_it_back(conn: Connection) -> None:
     plain = sqlaq.enqueue(conn, "plain").job_id
     finish_long_ago(conn, plain, "done", "30 days")
     conn.execute(text("SELECT set_config('jit', 'on', true)"))
+    assert sqlaq.ops.count_prunable(conn, older_than=WEEK, statuses=["done"]) == 1
+    assert conn.execute(text("SHOW jit")).scalar_one() == "on"
     assert sqlaq.prune(conn, older_than=WEEK) == 1
     assert conn.execute(text("SHOW jit")).scalar_one() == "on"
+
+
+@pytest.mark.parametrize("walk", ["read", "cancel", "retention"])
+def test_the_walks_find_children_through_the_parents_index(conn: Connection, walk: str) -> None:
+    """Each workflow walk steps down from a parent through the parents index (sqlaq_0010)
+    instead of reading every job enqueued after it."""
+    flow = sqlaq.chord(conn, [NewJob("member") for _ in range(3)], NewJob("total"))
+    for member in flow.job_ids:
+        finish_long_ago(conn, member, "done", "30 days")
+    stmt = {
+        "read": sqlaq.queries.workflow_stmt(job_id=flow.job_ids[0], limit=200, count_limit=10),
+        "cancel": sqlaq.queries.cancel_workflow_stmt(job_id=flow.job_ids[0]),
+        "retention": sqlaq.queries.count_prunable_stmt(older_than=WEEK, statuses=["done"]),
+    }[walk]
+    sql = stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+    conn.execute(text("SET LOCAL enable_seqscan = off"))
+    plan = "\n".join(conn.execute(text(f"EXPLAIN (COSTS OFF) {sql}")).scalars())
+    assert "sqlaq_jobs_parents_idx" in plan, plan

@@ -10,8 +10,10 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import Connection, Engine, text
+from workerkit import scalar, wait_until
 
 import sqlaq
 from sqlaq import InvalidJobError, NewJob, admin
@@ -240,6 +242,122 @@ def test_two_parents_finishing_at_the_same_instant_release_the_child_once(
             assert len(released[0]) + len(released[1]) == 1
             assert [j.id for j in _claim_all(conn)] == [child]
             assert conn.execute(text("SELECT count(*) FROM sqlaq_job_deps")).scalar_one() == 0
+
+
+def test_the_check_after_commit_waits_for_a_parent_still_finishing(committed: Engine) -> None:
+    """The first parent finishes (its transaction stays open): it sees the second
+    parent's edge not being deleted, so it leaves the child to it and notifies nothing.
+    The second one, seeing only an edge being deleted, notifies sqlaq_release and
+    commits first. Its check waits for the first parent's commit, then releases the
+    child: the child is never left waiting."""
+    with committed.begin() as conn:
+        flow = sqlaq.chord(conn, [NewJob("m"), NewJob("m")], then=NewJob("sum"))
+        leases = {j.id: j.lease for j in _claim_all(conn)}
+    first, second = flow.job_ids
+    child = flow.callback_id
+    assert child is not None
+    url = committed.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with (
+        psycopg.connect(url, autocommit=True) as listener,
+        committed.connect() as early,
+        committed.connect() as late,
+    ):
+        listener.execute("LISTEN sqlaq_release")
+        early.begin()
+        sqlaq.complete(early, leases[first])
+        with late.begin():
+            sqlaq.complete(late, leases[second])
+        (heard,) = listener.notifies(timeout=10, stop_after=1)
+        assert heard.payload == str(child)
+
+        released: list[int] = []
+        pid: list[int] = []
+
+        def check() -> None:
+            with committed.begin() as conn:
+                pid.append(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+                released.extend(sqlaq.release_waiting(conn, job_ids=[child]))
+
+        checker = threading.Thread(target=check)
+        checker.start()
+        wait_until(lambda: pid, 10, "the check to start")
+        wait_until(
+            lambda: scalar(
+                committed,
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :pid",
+                pid=pid[0],
+            ),
+            10,
+            "the check to wait for the first parent's transaction",
+        )
+        early.commit()
+        checker.join(30)
+        assert not checker.is_alive()
+        assert released == [child]
+        assert [n.payload for n in listener.notifies(timeout=0.2)] == []
+
+
+def test_parents_finishing_on_four_connections_release_every_child_without_the_sweep(
+    committed: Engine,
+) -> None:
+    """Forty chords of two to nine members, their members completed on four connections
+    at once in batches of three (the batches interleave and race); a listener checks
+    each job named on sqlaq_release after commit, as a worker does, and no sweep runs.
+    Every callback is released, each once."""
+    with committed.begin() as conn:
+        flows = [
+            sqlaq.chord(conn, [NewJob("m", queue="fan") for _ in range(2 + n % 8)], NewJob("cb"))
+            for n in range(40)
+        ]
+    url = committed.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    released: list[int] = []
+    done = threading.Event()
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute("LISTEN sqlaq_release")
+
+        def listen() -> None:
+            while not done.is_set():
+                for heard in listener.notifies(timeout=0.1):
+                    with committed.begin() as conn:
+                        released.extend(sqlaq.release_waiting(conn, job_ids=[int(heard.payload)]))
+
+        def complete() -> None:
+            worker = uuid.uuid4()
+            while True:
+                with committed.begin() as conn:
+                    jobs = sqlaq.claim(conn, worker_id=worker, queue="fan", limit=3)
+                    sqlaq.complete(conn, [job.lease for job in jobs])
+                if not jobs:
+                    return
+
+        checker = threading.Thread(target=listen)
+        checker.start()
+        completers = [threading.Thread(target=complete) for _ in range(4)]
+        for thread in completers:
+            thread.start()
+        for thread in completers:
+            thread.join(60)
+        callbacks = [flow.callback_id for flow in flows]
+        try:
+            wait_until(
+                lambda: (
+                    scalar(
+                        committed,
+                        "SELECT count(*) FROM sqlaq_jobs WHERE id = ANY(:ids) AND run_at <= now()",
+                        ids=callbacks,
+                    )
+                    == len(callbacks)
+                ),
+                10,
+                "every callback to be released",
+            )
+        finally:
+            done.set()
+            checker.join(10)
+    assert len(released) == len(set(released))
+    with committed.begin() as conn:
+        assert sorted(j.id for j in _claim_all(conn)) == sorted(callbacks)
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_job_deps")).scalar_one() == 0
 
 
 def test_the_sweep_releases_a_child_left_waiting(committed: Engine) -> None:

@@ -119,6 +119,7 @@ SQLAQ_OBJECTS = frozenset(
         ("pg_type", "_sqlaq_job_deps"),
         ("pg_class", "sqlaq_jobs_key_idx"),
         ("pg_class", "sqlaq_jobs_fair_idx"),
+        ("pg_class", "sqlaq_jobs_parents_idx"),
     }
 )
 # NOT NULL constraints are left out (contype 'n'): PostgreSQL 18 lists them in
@@ -180,6 +181,10 @@ EXPECTED_INDEXES = {
         "CREATE INDEX sqlaq_jobs_fair_idx ON public.sqlaq_jobs USING btree (queue, key, "
         "priority DESC, run_at, id) WHERE ((status = ANY (ARRAY['queued'::text, "
         "'running'::text])) AND (key IS NOT NULL))"
+    ),
+    "sqlaq_jobs_parents_idx": (
+        "CREATE INDEX sqlaq_jobs_parents_idx ON public.sqlaq_jobs USING gin (parent_ids) "
+        "WITH (fastupdate=off) WHERE (parent_ids IS NOT NULL)"
     ),
     "sqlaq_jobs_pkey": "CREATE UNIQUE INDEX sqlaq_jobs_pkey ON public.sqlaq_jobs USING btree (id)",
 }
@@ -657,7 +662,14 @@ def test_operators_revision_rewrites_nothing_and_walks_back_to_0003(fresh_url: s
         assert (
             _objects(conn)
             == before | OPERATOR_OBJECTS
-            == (SQLAQ_OBJECTS - DEBOUNCE_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS - FAIR_OBJECTS)
+            == (
+                SQLAQ_OBJECTS
+                - DEBOUNCE_OBJECTS
+                - WORKFLOW_OBJECTS
+                - KEY_OBJECTS
+                - FAIR_OBJECTS
+                - CHILDREN_OBJECTS
+            )
         )
         assert _columns(conn) == [*columns_before, "headers"]
         headers = conn.execute(text("SELECT DISTINCT headers FROM sqlaq_jobs")).all()
@@ -706,7 +718,7 @@ def test_debounce_revision_rewrites_nothing_and_walks_back_to_0004(fresh_url: st
         assert (
             _objects(conn)
             == before | DEBOUNCE_OBJECTS
-            == SQLAQ_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS - FAIR_OBJECTS
+            == SQLAQ_OBJECTS - WORKFLOW_OBJECTS - KEY_OBJECTS - FAIR_OBJECTS - CHILDREN_OBJECTS
         )
         assert _columns(conn) == [*columns_before, "debounce_key", "timeout"]
         added = conn.execute(text("SELECT DISTINCT debounce_key, timeout FROM sqlaq_jobs")).all()
@@ -1138,7 +1150,7 @@ def test_workflow_revision_rewrites_nothing_and_walks_back_to_0005(fresh_url: st
         assert (
             _objects(conn)
             == before | WORKFLOW_OBJECTS
-            == SQLAQ_OBJECTS - KEY_OBJECTS - FAIR_OBJECTS
+            == SQLAQ_OBJECTS - KEY_OBJECTS - FAIR_OBJECTS - CHILDREN_OBJECTS
         )
         assert _columns(conn) == [
             *columns_before,
@@ -1302,7 +1314,11 @@ def test_keys_revision_rewrites_nothing_and_walks_back_to_0006(fresh_url: str) -
         sqlaq.migrations.upgrade(conn, "sqlaq_0007")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0007"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | KEY_OBJECTS == SQLAQ_OBJECTS - FAIR_OBJECTS
+        assert (
+            _objects(conn)
+            == before | KEY_OBJECTS
+            == SQLAQ_OBJECTS - FAIR_OBJECTS - CHILDREN_OBJECTS
+        )
         assert _columns(conn) == [*columns_before, "key"]
         keys = conn.execute(text("SELECT DISTINCT key FROM sqlaq_jobs")).scalars().all()
         assert keys == [None]
@@ -1336,15 +1352,56 @@ def test_fair_revision_rewrites_nothing_and_walks_back_to_0008(fresh_url: str) -
         file_before = conn.execute(relfilenode).scalar_one()
         conn.commit()
 
-        sqlaq.migrations.upgrade(conn)
-        assert sqlaq.migrations.check(conn, deep=True) == "sqlaq_0009"
+        sqlaq.migrations.upgrade(conn, "sqlaq_0009")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0009"
         assert conn.execute(relfilenode).scalar_one() == file_before
-        assert _objects(conn) == before | FAIR_OBJECTS == SQLAQ_OBJECTS
+        assert _objects(conn) == before | FAIR_OBJECTS == SQLAQ_OBJECTS - CHILDREN_OBJECTS
         assert _columns(conn) == columns_before
         conn.commit()
 
         sqlaq.migrations.downgrade(conn, "sqlaq_0008")
         assert sqlaq.migrations.current_revision(conn) == "sqlaq_0008"
         assert _objects(conn) == before
+        assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
+        conn.commit()
+
+
+#: What sqlaq_0010 adds to sqlaq_0009's objects: the parents index.
+CHILDREN_OBJECTS = frozenset({("pg_class", "sqlaq_jobs_parents_idx")})
+
+
+def test_children_revision_rewrites_nothing_and_walks_back_to_0009(fresh_url: str) -> None:
+    """sqlaq_0010 on a table with workflow jobs keeps its file, adds the parents index
+    only (GIN over the rows that have parents; the walks' plans are tested in
+    tests/db/test_workflow_operators.py) and replaces the settle function, and a
+    downgrade to sqlaq_0009 removes exactly what it added and puts the function back."""
+    relfilenode = text("SELECT relfilenode FROM pg_class WHERE oid = 'sqlaq_jobs'::regclass")
+    settle = text("SELECT pg_get_functiondef('sqlaq_jobs_settle_children'::regproc)")
+    with _connect(fresh_url) as conn:
+        sqlaq.migrations.upgrade(conn, "sqlaq_0009")
+        flows = [sqlaq.chain(conn, [sqlaq.NewJob("step"), sqlaq.NewJob("step")]) for _ in range(50)]
+        conn.commit()
+        settle_before = conn.execute(settle).scalar_one()
+        before = _objects(conn)
+        columns_before = _columns(conn)
+        file_before = conn.execute(relfilenode).scalar_one()
+        conn.commit()
+
+        sqlaq.migrations.upgrade(conn)
+        assert sqlaq.migrations.check(conn, deep=True) == "sqlaq_0010"
+        assert conn.execute(relfilenode).scalar_one() == file_before
+        assert _objects(conn) == before | CHILDREN_OBJECTS == SQLAQ_OBJECTS
+        assert _columns(conn) == columns_before
+        read = sqlaq.read_workflow(conn, flows[7].job_ids[0])
+        assert [job.job_id for job in read.jobs] == list(flows[7].job_ids)
+        conn.commit()
+
+        assert conn.execute(settle).scalar_one() != settle_before
+        conn.commit()
+
+        sqlaq.migrations.downgrade(conn, "sqlaq_0009")
+        assert sqlaq.migrations.current_revision(conn) == "sqlaq_0009"
+        assert _objects(conn) == before
+        assert conn.execute(settle).scalar_one() == settle_before
         assert conn.execute(text("SELECT count(*) FROM sqlaq_jobs")).scalar_one() == 100
         conn.commit()

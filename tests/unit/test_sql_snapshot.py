@@ -142,6 +142,7 @@ CALLS: dict[str, list[Any]] = {
         {"where": [jobs.c.payload["region"].astext == "eu", jobs.c.priority > 1]},
     ],
     "lock_kind_stmt": [{"kind": "k"}],
+    "relaxed_commit_stmt": [{}],
     "key_running_stmt": [{"kind": "k"}],
     "busiest_keys_stmt": [{}, {"limit": 5}],
     "fair_claim_params": [
@@ -300,6 +301,7 @@ CALLS: dict[str, list[Any]] = {
         {"job_ids": [9], "status": JobStatus.CANCELLED, "error": "parent job 7 failed"}
     ],
     "release_stmt": [{"job_ids": [9, 10]}],
+    "wait_finishing_stmt": [{"job_ids": [9, 10]}],
     "release_waiting_stmt": [{"limit": 1000}],
     "waiting_for_stmt": [{"job_id": 9}],
     "parent_results_stmt": [{"job_id": 9}],
