@@ -37,7 +37,8 @@ Scenarios (bench/RESULTS.md explains each figure):
 13. ``process_executor`` 2,000 jobs of a CPU-bound handler (a few ms of pure Python)
                        drained on threads (defaults) and with ``--executor process``
                        (one child per core); two handlers stuck past a 1 s timeout (in
-                       ``time.sleep``, in a loop), killed by the process executor.
+                       ``time.sleep``, in a loop), killed by the process executor; the
+                       box's ceiling: the same work in 1 thread and in 2 bare processes.
 14. ``dashboard``      the dashboard's queries on 1,000,000 finished rows (bench/dashboard.py).
 15.-18. ``scale_processes``, ``scale_backlog``, ``scale_held_xmin``, ``scale_starved``:
                        4 worker processes, a 1,000,000-job backlog, a snapshot held open
@@ -79,6 +80,7 @@ sys.path.insert(0, str(ROOT))
 
 import sqlaq  # noqa: E402 - after the path is set, for a run from a clean clone
 from bench import dashboard as dashboard_scenario  # noqa: E402
+from bench import process_probe  # noqa: E402
 from bench import scale as scale_scenario  # noqa: E402
 from sqlaq import NewJob  # noqa: E402
 from sqlaq.ops import DEFAULT_LEASE  # noqa: E402
@@ -179,6 +181,9 @@ def worker(b: Bench, *args: str, app: str = APP) -> Iterator[Callable[[float], W
         ledger, log = Path(tmp, "ledger.txt"), Path(tmp, "worker.log")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SQLAQ_")}
         env |= {"SQLAQ_DATABASE_URL": b.url, "SQLAQ_BENCH_LEDGER": str(ledger)}
+        # This tree's sqlaq in the worker (and its children), whatever the interpreter
+        # has installed: a checkout beside an editable install measures itself.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         with log.open("wb") as out:
             started = time.perf_counter()
             proc = subprocess.Popen(
@@ -438,6 +443,9 @@ def process_executor(b: Bench) -> None:
             float(seconds),
         )
     b.record("13. process executor, the stuck handlers' burst worker: wall (s)", run.wall)
+    one, two = process_probe.bare(CPU_JOBS)
+    b.record("13. ceiling: the handler's work in 1 thread, no database (jobs/s)", one)
+    b.record("13. ceiling: the same in 2 bare processes, no queue (jobs/s)", two)
 
 
 def thread_ceiling(b: Bench, jobs: int = DRAIN_JOBS) -> None:
@@ -766,6 +774,10 @@ RATIOS = {
     PROCESS_RATIO: (
         "13. drain CPU-bound handler, processes, defaults (jobs/s)",
         "13. drain CPU-bound handler, threads, defaults (jobs/s)",
+    ),
+    "13. ceiling: 2 bare processes / 1 thread": (
+        "13. ceiling: the same in 2 bare processes, no queue (jobs/s)",
+        "13. ceiling: the handler's work in 1 thread, no database (jobs/s)",
     ),
 }
 # (figure, comparison, bound); a figure not measured in this run is left out.

@@ -177,10 +177,12 @@ def start(
     queue: str,
     attempt: int,
     headers: Mapping[str, Any] | str | None = None,
+    current: bool = True,
 ) -> AttemptSpan | None:
     """Start the span of one attempt and make it current (in this thread, or this
     asyncio task); None without ``sqlaq[otel]``. End it with :func:`end` in the same
-    thread or task."""
+    thread or task. *current* False: the span is not made current (a thread that
+    follows many attempts at once, as the process executor's dispatcher does)."""
     if not _in_use():
         return None
     tracer = trace.get_tracer("sqlaq")
@@ -201,14 +203,14 @@ def start(
             "sqlaq.job.attempt": attempt,
         },
     )
-    token = otel_context.attach(trace.set_span_in_context(span))
+    token = otel_context.attach(trace.set_span_in_context(span)) if current else None
     return AttemptSpan(span, token)
 
 
-def span_for(run: AttemptOf) -> AttemptSpan | None:
+def span_for(run: AttemptOf, *, current: bool = True) -> AttemptSpan | None:
     """:func:`start` for the run of a worker (its job's id, kind, queue, attempt and
     headers); None without ``sqlaq[otel]``, or while this process has not imported
-    OpenTelemetry."""
+    OpenTelemetry. *current*: as :func:`start`'s."""
     if not _in_use():
         return None
     job = run.job
@@ -218,6 +220,7 @@ def span_for(run: AttemptOf) -> AttemptSpan | None:
         queue=job.queue,
         attempt=job.attempt,
         headers=getattr(job, "headers", None),
+        current=current,
     )
 
 
@@ -233,5 +236,6 @@ def end(attempt: AttemptSpan | None, outcome: Ended | None) -> None:
         if verdict in _ERRORS:
             first_line = (outcome.error or "").partition("\n")[0]
             span.set_status(Status(StatusCode.ERROR, first_line))
-    otel_context.detach(attempt._token)
+    if attempt._token is not None:
+        otel_context.detach(attempt._token)
     span.end()

@@ -106,6 +106,22 @@ def wait_file(payload: dict[str, Any]) -> int:
     return os.getpid()
 
 
+@registry.handler("note")
+def note(payload: dict[str, Any]) -> int:
+    """Append the pid to the file ``notes`` as it starts (one line per start); return it."""
+    with open(payload["notes"], "a") as notes:
+        notes.write(f"{os.getpid()}\n")
+    return os.getpid()
+
+
+@registry.handler("hog_file")
+def hog_file(payload: dict[str, Any]) -> int:
+    """Keep *mib* MiB resident, say it started (create ``started``), wait until
+    ``release`` exists; return the pid."""
+    _HELD.append(b"\x01" * (payload["mib"] * 2**20))
+    return wait_file(payload)
+
+
 @registry.handler("context")
 def context(payload: dict[str, Any]) -> dict[str, Any]:
     """What ``current_job()`` gives in a child; whether ``extend_lease`` is refused."""

@@ -202,6 +202,7 @@ class Worker:
             async_sessions=self._sessions.async_,
             on_deadline=self._wake.set,
             processes=self._processes,
+            on_finished_many=self._handlers_finished,
         )
         lengths = [config.lease, *(h.lease for h in registry if h.lease is not None)]
         self._leases = Leases(engine, lengths, on_cancelled=self._runner.cancel)
@@ -641,6 +642,12 @@ class Worker:
             self.idle.set()
         else:
             self.idle.clear()
+
+    def _handlers_finished(self, finished: list[Finished]) -> None:
+        # From the process executor's thread: several at once, then one wake-up (a
+        # wake-up per run would have this thread collect and write them one by one).
+        self._finished.extend(finished)
+        self._wake.set()
 
     def _handler_finished(self, finished: Finished) -> None:
         self._finished.append(finished)  # from a handler's thread; deque.append is atomic

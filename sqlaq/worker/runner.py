@@ -2,9 +2,9 @@
 
 This module owns where handler code executes: sync handlers on a set of long-lived
 daemon threads fed by one queue (a job costs a queue hand-off, never a thread), async
-handlers as tasks on one event loop in one daemon thread. A sync handler of the
-process executor is run by its slot thread in a child process
-(:mod:`sqlaq.worker.processes`), the thread waiting for its answer. Each finished handler becomes a
+handlers as tasks on one event loop in one daemon thread. Sync handlers of the
+process executor go to its pool (:mod:`sqlaq.worker.processes`), whose one thread
+sends them to child processes and reports their answers. Each finished handler becomes a
 :class:`~sqlaq.worker.run.Finished` value (its outcome decided by
 :func:`sqlaq.outcome.decide`, in the thread that ran it) handed back through a callback.
 It writes nothing and keeps no state about a run once it is reported.
@@ -56,6 +56,9 @@ class Runner:
             starts, so the worker wakes at its deadline (:meth:`next_deadline`).
         processes: The child processes that run the sync handlers of the process
             executor (their kinds), if any.
+        on_finished_many: Called with several :class:`~sqlaq.worker.run.Finished` at
+            once (the process executor reports them together); *on_finished* for each
+            when not given.
     """
 
     def __init__(
@@ -68,8 +71,12 @@ class Runner:
         async_sessions: transaction.AsyncSessionFactory | None = None,
         on_deadline: Callable[[], None] | None = None,
         processes: ProcessPool | None = None,
+        on_finished_many: Callable[[list[Finished]], None] | None = None,
     ) -> None:
         self._processes = processes
+        self._on_finished_many = on_finished_many
+        if processes is not None:
+            processes.report_to(self._report_many)
         self._sessions = sessions
         self._on_deadline = on_deadline
         self._async_sessions = async_sessions
@@ -102,18 +109,26 @@ class Runner:
 
     def submit(self, runs: Iterable[Run]) -> None:
         """Start *runs* (or queue them, beyond *size*): sync handlers on the threads
-        (started as first needed, up to *size*), async ones on the loop."""
+        (started as first needed, up to *size*), async ones on the loop, those of the
+        process executor in its pool."""
         coroutines: list[Run] = []
+        in_children: list[Run] = []
         blocking = 0
+        processes = self._processes
         for run in runs:
-            if run.handler is not None and run.handler.is_async:
+            handler = run.handler
+            if handler is not None and handler.is_async:
                 coroutines.append(run)
+            elif processes is not None and handler is not None and processes.runs(handler):
+                in_children.append(run)
             else:
                 self._queue.put(run)
                 blocking += 1
         with self._blocking_lock:
-            self._busy += blocking + len(coroutines)
+            self._busy += blocking + len(coroutines) + len(in_children)
             self._blocking += blocking
+        if in_children and processes is not None:
+            processes.submit(in_children)
         if blocking:
             self._grow()
         if coroutines:
@@ -136,6 +151,8 @@ class Runner:
             self._at_gate.clear()
             self._gate.notify_all()
         blocking = len(taken)
+        if self._processes is not None:
+            taken += self._processes.withdraw()
         while True:
             try:
                 taken.append(self._waiting.popleft())
@@ -163,6 +180,16 @@ class Runner:
         with self._blocking_lock:
             self._busy -= 1
         self._on_finished(finished)
+
+    def _report_many(self, finished: list[Finished]) -> None:
+        """:meth:`_report` for several runs at once."""
+        with self._blocking_lock:
+            self._busy -= len(finished)
+        if self._on_finished_many is not None:
+            self._on_finished_many(finished)
+            return
+        for each in finished:
+            self._on_finished(each)
 
     def cancel(self, run: Run) -> None:
         """*run*'s job was cancelled: an async handler's task is cancelled (it is
@@ -298,11 +325,8 @@ class Runner:
 
     def _run_one(self, run: Run) -> None:
         span = tracing.span_for(run)  # None without sqlaq[otel]
-        processes = self._processes
         if run.context.cancelled:  # cancelled while it waited: never started
             finished = Finished(run, CANCELLED, 0.0)
-        elif processes is not None and run.handler is not None and processes.runs(run.handler):
-            finished = processes.run(run)  # its deadline is the pool's: a hard one
         elif run.handler is not None and run.timeout is not None:
             finished = self._run_with_deadline(run, run.timeout)
         elif run.handler is not None and run.handler.transaction:

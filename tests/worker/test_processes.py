@@ -289,6 +289,158 @@ def test_a_cancelled_job_s_child_is_killed(committed: Engine, tmp_path: Path) ->
     assert job(committed, after).status == "done"
 
 
+# -- a job waiting in a busy child's pipe (after a short job, the next is sent at once) --
+
+
+def waiting_in_pipes(worker: sqlaq.Worker) -> list[int]:
+    """For each child: how many jobs were sent to it and not answered (1 running, 2:
+    one more waits in its pipe)."""
+    pool = worker._processes
+    assert pool is not None
+    with pool._lock:
+        return [len(child.runs) for child in pool._children]
+
+
+@contextmanager
+def one_behind_another(
+    committed: Engine,
+    tmp_path: Path,
+    recorder: Recorder,
+    front: str = "wait_file",
+    timeout: timedelta | None = None,
+    **options: Any,
+) -> Iterator[tuple[sqlaq.Worker, dict[str, Any], int]]:
+    """A worker with one child, which has run a short job; then a job (*front*, its
+    payload's files in tmp_path, its own *timeout*) that runs until released. Yields
+    the worker, the front's payload (and id) and its child's pid: the test enqueues
+    the job that waits in the child's pipe behind it."""
+    payload: dict[str, Any] = {**files(tmp_path, "front"), "mib": 250}
+    with process_worker(committed, recorder, processes=1, **options) as worker:
+        enqueue(committed, "pid")  # short: the child's next jobs are sent at once
+        recorder.wait_for(1)
+        front_id = enqueue(committed, front, payload, timeout=timeout)
+        wait_until(lambda: Path(payload["started"]).exists(), 30, "the front job to start")
+        payload["id"] = front_id
+        yield worker, payload, int(Path(payload["started"]).read_text())
+
+
+def test_a_job_behind_one_that_times_out_runs_in_the_next_child(
+    committed: Engine, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    with one_behind_another(committed, tmp_path, recorder, timeout=timedelta(seconds=3)) as (
+        worker,
+        front,
+        child,
+    ):
+        notes = tmp_path / "notes"
+        behind = enqueue(committed, "note", {"notes": str(notes)})
+        wait_until(lambda: waiting_in_pipes(worker) == [2], 30, "the job to wait in the pipe")
+        results = recorder.wait_for(3)  # the front is never released: killed at 3 s
+    assert not alive(child)
+    by_id = {r.job_id: r for r in results}
+    assert by_id[front["id"]].status == sqlaq.JobStatus.QUEUED  # timed out, retried
+    assert "timed out" in (by_id[front["id"]].error or "")
+    assert job(committed, behind).status == "done"
+    assert job(committed, behind).attempts == 1
+    assert result_of(committed, behind) not in (child, None)
+    assert notes.read_text().split() == [
+        str(result_of(committed, behind))
+    ]  # never in the killed one
+
+
+def test_a_child_over_max_memory_does_not_start_the_job_waiting_in_its_pipe(
+    committed: Engine, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    with one_behind_another(
+        committed, tmp_path, recorder, front="hog_file", max_memory_per_child=200
+    ) as (worker, front, child):
+        notes = tmp_path / "notes"
+        behind = enqueue(committed, "note", {"notes": str(notes)})
+        wait_until(lambda: waiting_in_pipes(worker) == [2], 30, "the job to wait in the pipe")
+        Path(front["release"]).touch()
+        recorder.wait_for(3)
+    assert result_of(committed, front["id"]) == child
+    assert job(committed, behind).status == "done"
+    assert result_of(committed, behind) != child  # a new child ran it
+    assert notes.read_text().split() == [str(result_of(committed, behind))]  # it alone
+
+
+def test_a_cancelled_job_waiting_in_a_pipe_never_runs_to_its_end(
+    committed: Engine, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    with one_behind_another(committed, tmp_path, recorder) as (worker, front, child):
+        behind = enqueue(committed, "pid")
+        wait_until(lambda: waiting_in_pipes(worker) == [2], 30, "the job to wait in the pipe")
+        with committed.begin() as conn:
+            sqlaq.cancel(conn, behind)
+        Path(front["release"]).touch()
+        results = recorder.wait_for(3)
+        after = enqueue(committed, "pid")
+        recorder.wait_for(4)
+    by_id = {r.job_id: r for r in results}
+    assert by_id[front["id"]].status == sqlaq.JobStatus.DONE
+    assert by_id[behind].status == sqlaq.JobStatus.CANCELLED
+    assert job(committed, behind).status == "cancelled"
+    assert not alive(child)  # killed as it started the cancelled job
+    assert result_of(committed, after) != child
+
+
+def test_a_job_waiting_in_a_pipe_has_its_deadline_from_its_start(
+    committed: Engine, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    with one_behind_another(committed, tmp_path, recorder) as (worker, front, child):
+        behind = enqueue(committed, "quick")  # a 1 s timeout
+        wait_until(lambda: waiting_in_pipes(worker) == [2], 30, "the job to wait in the pipe")
+        queued = monotonic()
+        # Time is the point here: the job waits past its timeout before it starts.
+        wait_until(lambda: monotonic() - queued > 1.5, 5, "1.5 s to pass")
+        Path(front["release"]).touch()
+        results = recorder.wait_for(3)
+    assert {r.job_id: r.status for r in results}[behind] == sqlaq.JobStatus.DONE
+    assert result_of(committed, behind) == child
+
+
+def test_no_job_waits_in_the_pipe_of_a_child_whose_last_job_was_long(
+    committed: Engine, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    with process_worker(committed, recorder, processes=1) as worker:
+        enqueue(committed, "cpu", {"ms": 150})  # longer than PIPELINE_SECONDS
+        recorder.wait_for(1)
+        front = files(tmp_path, "front")
+        enqueue(committed, "wait_file", front)
+        wait_until(lambda: Path(front["started"]).exists(), 30, "the front job to start")
+        behind = enqueue(committed, "pid")
+        pool = worker._processes
+        assert pool is not None
+        wait_until(lambda: pool._waiting, 30, "the job to wait for a free child")
+        assert waiting_in_pipes(worker) == [1]
+        Path(front["release"]).touch()
+        recorder.wait_for(3)
+    assert job(committed, behind).status == "done"
+
+
+def test_a_finished_job_is_written_while_another_child_still_runs(
+    committed: Engine, tmp_path: Path
+) -> None:
+    recorder = Recorder()
+    with process_worker(committed, recorder, processes=2) as worker:
+        long = files(tmp_path, "long")
+        enqueue(committed, "wait_file", long)
+        wait_until(lambda: Path(long["started"]).exists(), 30, "the long job to start")
+        quick = enqueue(committed, "pid")
+        (result,) = recorder.wait_for(1)  # (answers are reported together, a few ms apart)
+        assert result.job_id == quick
+        assert job(committed, quick).status == "done"
+        assert sorted(waiting_in_pipes(worker)) == [0, 1]  # the long one still runs
+        Path(long["release"]).touch()
+        recorder.wait_for(2)
+
+
 def test_per_handler_executor_beside_threads(committed: Engine) -> None:
     mixed = sqlaq.Registry()
     mixed.add("in_child", registry.get("pid").func, executor="process")  # type: ignore[union-attr]

@@ -221,3 +221,43 @@ def test_sqlaq_enqueue_inside_a_span_links_the_worker_span_to_it(
     (span,) = _processed(spans)
     (link,) = span.links
     assert link.context.trace_id == request.get_span_context().trace_id
+
+
+def test_a_process_executor_attempt_gets_its_span_with_its_outcome(
+    committed: Engine, spans: InMemorySpanExporter
+) -> None:
+    """Attempts run in child processes get their spans from the worker's dispatcher
+    thread (which follows several at once, so none is made current there)."""
+    from process_app import registry
+
+    with committed.begin() as conn:
+        done = sqlaq.enqueue(conn, "pid").job_id
+        failed = sqlaq.enqueue(conn, "fail", max_attempts=1).job_id
+    results: list[sqlaq.JobResult] = []
+    worker = sqlaq.Worker(
+        committed,
+        registry,
+        executor="process",
+        processes=1,
+        maintenance=False,
+        poll_interval=timedelta(milliseconds=100),
+        on_job_finished=results.append,
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: len(results) == 2, 30, "two attempts written")
+    finally:
+        worker.stop()
+        thread.join(10)
+    outcomes = {
+        (s.attributes or {})["messaging.message.id"]: (
+            (s.attributes or {})["sqlaq.job.outcome"],
+            s.status.status_code,
+        )
+        for s in _processed(spans)
+    }
+    assert outcomes == {
+        str(done): ("done", StatusCode.UNSET),
+        str(failed): ("failed", StatusCode.ERROR),
+    }
