@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from helpers import login_role
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
-from workerkit import wait_until
+from workerkit import libpq_url, wait_until
 
 import sqlaq
 from sqlaq import NewJob, WorkerConfig
@@ -63,6 +64,106 @@ def test_a_look_counts_claimed_jobs_and_vacuums_as_the_owner(
     drain.claimed(50)  # the count starts again after a look
     assert drain.idle.is_set()
     assert drain.vacuums == 1
+
+
+def _flush_statistics(engine: Engine, keep: int = 0) -> None:
+    """Close the engine's connections and wait until their backends are gone (all but
+    the one of pid *keep*): a backend reports its pending statistics as it exits, before
+    it leaves pg_stat_activity, so every change made so far counts from here on."""
+    engine.dispose()
+    others = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND pid <> :keep"
+    )
+
+    def gone() -> bool:
+        with engine.connect() as conn:
+            return conn.execute(others, {"keep": keep}).scalar_one() == 0
+
+    wait_until(gone, 10, "the closed connections' backends to exit")
+
+
+def _dead_rows(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT n_dead_tup FROM pg_stat_user_tables"
+                    " WHERE relid = 'sqlaq_jobs'::regclass"
+                )
+            ).scalar_one()
+        )
+
+
+def _update_every_job(engine: Engine, times: int = 1, keep: int = 0) -> None:
+    """A new version of every job, *times* over: the old ones die (see
+    :func:`_flush_statistics` for *keep*)."""
+    for _ in range(times):
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE sqlaq_jobs SET payload = payload"))
+    _flush_statistics(engine, keep)
+
+
+@pytest.fixture
+def jobs_300(committed: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine]:
+    """300 jobs; a vacuum is needed from 100 dead row versions on; autovacuum kept off
+    the table meanwhile (a test counts the vacuums and the dead versions)."""
+    monkeypatch.setattr(vacuum, "MIN_DEAD_ROWS", 100)
+    with committed.begin() as conn:
+        conn.execute(text("ALTER TABLE sqlaq_jobs SET (autovacuum_enabled = off)"))
+        sqlaq.enqueue_many(conn, NewJob("v").with_payloads([{"i": i} for i in range(300)]))
+    try:
+        _flush_statistics(committed)  # the fixture's TRUNCATE too: it zeroes the counts
+        assert _dead_rows(committed) == 0
+        yield committed
+    finally:
+        with committed.begin() as conn:
+            conn.execute(text("ALTER TABLE sqlaq_jobs RESET (autovacuum_enabled)"))
+
+
+def _look(drain: DrainVacuum) -> None:
+    drain.claimed(1)
+    assert drain.idle.wait(30)
+
+
+def test_after_a_vacuum_a_held_snapshot_made_useless_the_next_waits_for_twice_as_many_dead(
+    jobs_300: Engine, database_url: str
+) -> None:
+    """While a snapshot held elsewhere keeps every dead version, a vacuum removes nothing
+    and reads the whole table: the next waits until the dead versions have doubled. The
+    first vacuum after the snapshot is gone removes them, and the wait ends."""
+    drain = DrainVacuum(jobs_300, check_every=1)
+    with psycopg.connect(libpq_url(database_url)) as held:
+        held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        held.execute("SELECT 1")  # its snapshot taken, held until the rollback
+        pid = held.info.backend_pid
+        _update_every_job(jobs_300, keep=pid)  # 300 dead versions, kept by the snapshot
+        _look(drain)
+        assert drain.vacuums == 1
+        assert drain.waits_for == 2 * 300  # none removed
+        _look(drain)
+        assert drain.vacuums == 1  # 300 dead < 600: no vacuum
+        _update_every_job(jobs_300, keep=pid)  # 600 dead
+        _look(drain)
+        assert drain.vacuums == 2
+        assert drain.waits_for == 2 * 600
+        _update_every_job(jobs_300, 2, keep=pid)  # 1,200 dead
+        held.rollback()  # (nothing has touched the pages since: none pruned yet)
+    _look(drain)
+    assert drain.vacuums == 3
+    assert drain.waits_for == 0
+    assert _dead_rows(jobs_300) == 0
+
+
+def test_a_vacuum_that_removed_the_dead_rows_lets_the_next_look_vacuum_again(
+    jobs_300: Engine,
+) -> None:
+    drain = DrainVacuum(jobs_300, check_every=1)
+    for vacuums in (1, 2):
+        _update_every_job(jobs_300)
+        _look(drain)
+        assert drain.vacuums == vacuums
+        assert drain.waits_for == 0
 
 
 def _grant(database_url: str, privileges: str, role: str) -> None:
