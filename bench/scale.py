@@ -35,7 +35,8 @@ and ``scale_starved`` starts a PostgreSQL server of its own): name them.
   (default 500) jobs/s in batches every 20 ms for ``SQLAQ_BENCH_STEADY_SECONDS`` (default
   600) with a snapshot held for the whole run: commit-to-start p50/p99 of the first and
   the last whole minute, and the p99's ratio (a claim that slows with the dead entries
-  shows as a rising tail).
+  shows as a rising tail); every minute's p50, p99 and load are printed too (the load
+  moves the tail from minute to minute on a shared machine).
 * ``scale_starved``    6 long-running workers (LISTEN and maintenance on: 4 connections
   each) on a throwaway server with ``max_connections=20`` (initdb'd as the ``postgres``
   OS user into a temporary folder, on a free port; stopped and deleted afterwards),
