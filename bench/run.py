@@ -40,11 +40,14 @@ Scenarios (bench/RESULTS.md explains each figure):
                        ``time.sleep``, in a loop), killed by the process executor; the
                        box's ceiling: the same work in 1 thread and in 2 bare processes.
 14. ``dashboard``      the dashboard's queries on 1,000,000 finished rows (bench/dashboard.py).
-15.-18. ``scale_processes``, ``scale_backlog``, ``scale_held_xmin``, ``scale_starved``:
-                       4 worker processes, a 1,000,000-job backlog, a snapshot held open
-                       for a whole drain, more workers than ``max_connections`` allows
-                       (bench/scale.py). Minutes each, and one starts a PostgreSQL server
-                       of its own: not in the default run; name them with ``--only``.
+15.-19. ``scale_processes``, ``scale_backlog``, ``scale_held_xmin``, ``scale_starved``,
+                       ``scale_held_steady``: 4 worker processes, a 1,000,000-job backlog,
+                       a snapshot held open for a whole drain, more workers than
+                       ``max_connections`` allows, a steady arrival rate for 10 minutes
+                       with a snapshot held (claim latency p50/p99 of the first and the
+                       last minute) (bench/scale.py). Minutes each, and two start a
+                       PostgreSQL server of their own: not in the default run; name them
+                       with ``--only``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ and ``scale_starved`` starts a PostgreSQL server of its own): name them.
 
     python bench/run.py --rounds 1 --only scale_processes scale_backlog scale_held_xmin \
         scale_starved
+    python bench/run.py --rounds 1 --only scale_held_steady          (10 minutes)
     SQLAQ_BENCH_BACKLOG=100000 python bench/run.py --only scale_backlog --rounds 1   (smaller)
 
 * ``scale_processes``  4 ``sqlaq-worker --burst`` processes on one database against 1,
@@ -24,15 +25,18 @@ and ``scale_starved`` starts a PostgreSQL server of its own): name them.
   and without a ``REPEATABLE READ`` transaction held open on another connection for the
   whole drain (its snapshot holds back the xmin horizon: no dead tuple or index entry of
   the drain can be removed), at four claim batches (``HELD_SETTINGS``: the old defaults,
-  today's, the best no-op settings, a deep prefetch); the ratio, and the median of a
+  today's, the best no-op settings, a deep prefetch); the ratio, the median of a
   10-job claim timed every 100 ms during the drain (another consumer claiming as a
-  worker does, from its last position: its jobs count as run once).
+  worker does, from its last position: its jobs count as run once), the vacuums of the
+  table during the drain (the worker's own, ``pg_stat_user_tables.vacuum_count``), and
+  its dead row versions and size after it.
   ``SQLAQ_BENCH_HELD_SETTINGS=defaults`` (labels, comma-separated) runs only those.
 * ``scale_held_steady`` one long-running worker (defaults) fed ``SQLAQ_BENCH_STEADY_RATE``
   (default 500) jobs/s in batches every 20 ms for ``SQLAQ_BENCH_STEADY_SECONDS`` (default
   600) with a snapshot held for the whole run: commit-to-start p50/p99 of the first and
   the last whole minute, and the p99's ratio (a claim that slows with the dead entries
-  shows as a rising tail).
+  shows as a rising tail); every minute's p50, p99 and load are printed too (the load
+  moves the tail from minute to minute on a shared machine).
 * ``scale_starved``    6 long-running workers (LISTEN and maintenance on: 4 connections
   each) on a throwaway server with ``max_connections=20`` (initdb'd as the ``postgres``
   OS user into a temporary folder, on a free port; stopped and deleted afterwards),
@@ -445,6 +449,19 @@ HELD_SETTINGS = {
 }
 
 
+def table_after(engine: Engine) -> tuple[float, float, float]:
+    """sqlaq_jobs' vacuums so far (manual: the worker's), dead row versions, and size
+    with its indexes (MB)."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT vacuum_count, n_dead_tup, pg_total_relation_size(relid) / 1e6"
+                " FROM pg_stat_user_tables WHERE relname = 'sqlaq_jobs'"
+            )
+        ).one()
+    return float(row[0]), float(row[1]), float(row[2])
+
+
 def held_xmin(b: Recorder, worker: Spawn) -> None:
     """The same drain without and with a snapshot held open, at a few claim batches."""
     size = f"{HELD_JOBS:,}"
@@ -460,6 +477,7 @@ def held_xmin(b: Recorder, worker: Spawn) -> None:
         rates = {}
         for held in (False, True):
             fill_sql(b.engine, "noop", HELD_JOBS)
+            vacuums_before = table_after(b.engine)[0]
             with ExitStack() as stack:
                 if held:
                     stack.enter_context(held_snapshot(b))
@@ -471,6 +489,13 @@ def held_xmin(b: Recorder, worker: Spawn) -> None:
             which = "snapshot held" if held else "no snapshot"
             rates[held] = table_rate(b.engine)
             b.record(f"17. held xmin, {size} jobs, {label}, {which} (jobs/s)", rates[held])
+            vacuums, dead, megabytes = table_after(b.engine)
+            b.record(
+                f"17. held xmin, {size} jobs, {label}, {which}: vacuums during the drain",
+                vacuums - vacuums_before,
+            )
+            b.record(f"17. held xmin, {size} jobs, {label}, {which}: dead tuples after", dead)
+            b.record(f"17. held xmin, {size} jobs, {label}, {which}: table size (MB)", megabytes)
             if times:
                 b.record(
                     f"17. held xmin, {size} jobs, {label}, {which}: claim 10 p50 (ms)",
@@ -512,7 +537,10 @@ def held_steady(b: Recorder, worker: Spawn) -> None:
             conn.rollback()
             start = next_tick = time.monotonic()
             batch = [sqlaq.NewJob("wake")] * per_tick
+            loads: list[str] = []  # the load at the end of each minute
             while time.monotonic() - start < STEADY_SECONDS:
+                if time.monotonic() - start >= 60 * (len(loads) + 1):
+                    loads.append(load().split()[0])
                 results = sqlaq.enqueue_many(conn, batch)
                 conn.commit()
                 now = time.time()
@@ -555,6 +583,13 @@ def held_steady(b: Recorder, worker: Spawn) -> None:
     }
     b.record(f"19. steady, {label}: p99 last / first minute", p99[max(whole)] / p99[min(whole)])
     b.record(f"19. steady, {label}: load", float(load().split()[0]))
+    for minute in whole:
+        values = sorted(minutes[minute])
+        print(
+            f"  steady minute {minute + 1:2}: p50 {values[int(0.5 * len(values))]:7.2f} ms,"
+            f" p99 {p99[minute]:7.2f} ms, load {loads[minute] if minute < len(loads) else '-'}",
+            flush=True,
+        )
 
 
 # --- (d) more workers than max_connections ---------------------------------------------

@@ -87,10 +87,12 @@ def resign_stmt() -> Select[Any]:
 
 def vacuum_need_stmt() -> Any:
     """One row: the jobs table's dead and live row versions by the statistics
-    (``pg_stat_user_tables.n_dead_tup``, ``n_live_tup``; 0 before any report) and
-    whether this role may ``VACUUM`` it: a member of its owner's role, a superuser, or,
-    on PostgreSQL 17 and later, a role granted ``MAINTAIN`` on it (asked only there:
-    older servers do not know the privilege's name).
+    (``pg_stat_user_tables.n_dead_tup``, ``n_live_tup``; 0 before any report),
+    whether this role may ``VACUUM`` it (a member of its owner's role, a superuser, or,
+    on PostgreSQL 17 and later, a role granted ``MAINTAIN`` on it: asked only there,
+    older servers do not know the privilege's name), and how many vacuums of it have
+    ended (``vacuum_count + autovacuum_count``). A vacuum sets the dead count to the
+    versions it found dead but could not remove.
     """
     rel = table("pg_class", column("oid"), column("relowner"), schema="pg_catalog")
     stats = table(
@@ -98,6 +100,8 @@ def vacuum_need_stmt() -> Any:
         column("relid"),
         column("n_dead_tup"),
         column("n_live_tup"),
+        column("vacuum_count"),
+        column("autovacuum_count"),
         schema="pg_catalog",
     )
     roles = table("pg_roles", column("rolname"), column("rolsuper"), schema="pg_catalog")
@@ -116,6 +120,7 @@ def vacuum_need_stmt() -> Any:
             func.coalesce(stats.c.n_dead_tup, 0),
             func.coalesce(stats.c.n_live_tup, 0),
             or_(func.pg_has_role(rel.c.relowner, literal_column("'USAGE'")), superuser, maintain),
+            func.coalesce(stats.c.vacuum_count + stats.c.autovacuum_count, 0),
         )
         .select_from(rel.outerjoin(stats, stats.c.relid == rel.c.oid))
         .where(rel.c.oid == cast(literal_column(f"'{jobs.fullname}'", Text), REGCLASS))

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from helpers import login_role
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
-from workerkit import wait_until
+from workerkit import libpq_url, wait_until
 
 import sqlaq
 from sqlaq import NewJob, WorkerConfig
@@ -63,6 +64,147 @@ def test_a_look_counts_claimed_jobs_and_vacuums_as_the_owner(
     drain.claimed(50)  # the count starts again after a look
     assert drain.idle.is_set()
     assert drain.vacuums == 1
+
+
+#: The application_name of this file's one-off connections that only read.
+_READER = "sqlaq-test-vacuum-reader"
+
+
+def _one_off(engine: Engine, name: str) -> Engine:
+    """An engine on *engine*'s database whose every connection is a new one, closed at
+    its end (a backend of its own each time), named *name* in pg_stat_activity."""
+    return create_engine(engine.url, poolclass=NullPool, connect_args={"application_name": name})
+
+
+def _backends(engine: Engine) -> set[int]:
+    """The pids of the database's backends but this file's readers."""
+    reader = _one_off(engine, _READER)
+    try:
+        with reader.connect() as conn:
+            pids = conn.execute(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name <> :reader"
+                ),
+                {"reader": _READER},
+            ).scalars()
+            return set(pids)
+    finally:
+        reader.dispose()
+
+
+def _close_pool(engine: Engine) -> None:
+    """Close the idle connections of *engine*'s pool and wait until their backends have
+    exited: a backend reports its pending statistics as it exits, before it leaves
+    pg_stat_activity, so what they did (a TRUNCATE, which zeroes the counts) is in the
+    statistics from then on, and no later report of theirs can undo ours."""
+    closing = engine.pool.checkedin()  # type: ignore[attr-defined]
+    before = _backends(engine)
+    engine.dispose()
+    wait_until(
+        lambda: len(before - _backends(engine)) >= closing, 10, "the pool's backends to exit"
+    )
+
+
+def _write(engine: Engine, sql: str, times: int = 1) -> None:
+    """Run *sql* *times*, each in a transaction, on a connection of its own; return once
+    its backend has exited (its statistics reported)."""
+    writer = _one_off(engine, "sqlaq-test-vacuum-writer")
+    try:
+        with writer.connect() as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            for _ in range(times):
+                conn.execute(text(sql))
+                conn.commit()
+    finally:
+        writer.dispose()
+    wait_until(lambda: pid not in _backends(engine), 10, "the writer's backend to exit")
+
+
+def _dead_rows(engine: Engine) -> int:
+    reader = _one_off(engine, _READER)
+    try:
+        with reader.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT n_dead_tup FROM pg_stat_user_tables"
+                        " WHERE relid = 'sqlaq_jobs'::regclass"
+                    )
+                ).scalar_one()
+            )
+    finally:
+        reader.dispose()
+
+
+def _update_every_job(engine: Engine, times: int = 1) -> None:
+    """A new version of every job, *times* over: the old ones die."""
+    _write(engine, "UPDATE sqlaq_jobs SET payload = payload", times)
+
+
+@pytest.fixture
+def jobs_300(committed: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine]:
+    """300 jobs, no dead row version; a vacuum is needed from 100 dead versions on;
+    autovacuum kept off the table meanwhile (a test counts the vacuums and the dead
+    versions)."""
+    monkeypatch.setattr(vacuum, "MIN_DEAD_ROWS", 100)
+    _close_pool(committed)  # the fixture's TRUNCATE reported
+    _write(
+        committed,
+        "ALTER TABLE sqlaq_jobs SET (autovacuum_enabled = off);"
+        " INSERT INTO sqlaq_jobs (queue, kind, payload)"
+        " SELECT 'default', 'v', '{}' FROM generate_series(1, 300)",
+    )
+    try:
+        assert _dead_rows(committed) == 0
+        yield committed
+    finally:
+        with committed.begin() as conn:
+            conn.execute(text("ALTER TABLE sqlaq_jobs RESET (autovacuum_enabled)"))
+
+
+def _look(drain: DrainVacuum) -> None:
+    drain.claimed(1)
+    assert drain.idle.wait(30)
+
+
+def test_after_a_vacuum_a_held_snapshot_made_useless_the_next_waits_for_twice_as_many_dead(
+    jobs_300: Engine, database_url: str
+) -> None:
+    """While a snapshot held elsewhere keeps every dead version, a vacuum removes nothing
+    and reads the whole table: the next waits until the dead versions have doubled. The
+    first vacuum after the snapshot is gone removes them, and the wait ends."""
+    drain = DrainVacuum(jobs_300, check_every=1)
+    with psycopg.connect(libpq_url(database_url)) as held:
+        held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        held.execute("SELECT 1")  # its snapshot taken, held until the rollback
+        _update_every_job(jobs_300)  # 300 dead versions, kept by the snapshot
+        _look(drain)
+        assert drain.vacuums == 1
+        assert drain.waits_for == 2 * 300  # none removed
+        _look(drain)
+        assert drain.vacuums == 1  # 300 dead < 600: no vacuum
+        _update_every_job(jobs_300)  # 600 dead
+        _look(drain)
+        assert drain.vacuums == 2
+        assert drain.waits_for == 2 * 600
+        _update_every_job(jobs_300, 2)  # 1,200 dead
+        held.rollback()  # (nothing has touched the pages since: none pruned yet)
+    _look(drain)
+    assert drain.vacuums == 3
+    assert drain.waits_for == 0
+    assert _dead_rows(jobs_300) == 0
+
+
+def test_a_vacuum_that_removed_the_dead_rows_lets_the_next_look_vacuum_again(
+    jobs_300: Engine,
+) -> None:
+    drain = DrainVacuum(jobs_300, check_every=1)
+    for vacuums in (1, 2):
+        _update_every_job(jobs_300)
+        _look(drain)
+        assert drain.vacuums == vacuums
+        assert drain.waits_for == 0
 
 
 def _grant(database_url: str, privileges: str, role: str) -> None:
