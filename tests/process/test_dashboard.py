@@ -19,7 +19,7 @@ from html import unescape
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
@@ -327,11 +327,16 @@ def test_a_workflow_too_slow_to_walk_is_not_drawn_and_the_page_stands(
 ) -> None:
     with committed.begin() as conn:
         chord = sqlaq.chord(conn, [sqlaq.NewJob("count")] * 3, sqlaq.NewJob("sum"))
-        # Each member's walk down reads every job enqueued after it.
-        conn.execute(
-            text("INSERT INTO sqlaq_jobs (kind) SELECT 'x' FROM generate_series(1, 300000)")
-        )
-    monkeypatch.setattr(reads, "WORKFLOW_TIMEOUT", "1ms")
+    # A walk slower than its timeout: the parents index makes a real one fast whatever
+    # the table holds, so a sleep runs first in the walk's own statement timeout.
+    walk = reads.ops.read_workflow
+
+    def slow_walk(conn: Connection, job_id: int, **options: Any) -> Any:
+        conn.execute(text("SELECT pg_sleep(0.2)"))
+        return walk(conn, job_id, **options)
+
+    monkeypatch.setattr(reads.ops, "read_workflow", slow_walk)
+    monkeypatch.setattr(reads, "WORKFLOW_TIMEOUT", "20ms")
     response = client.get(f"/jobs/{chord.job_ids[0]}")
     assert response.status_code == 200
     assert 'id="workflow-slow"' in response.text
