@@ -147,6 +147,10 @@ def jobs_300(committed: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[Eng
     """300 jobs, no dead row version; a vacuum is needed from 100 dead versions on;
     autovacuum kept off the table meanwhile (a test counts the vacuums and the dead
     versions)."""
+    if _server_version(committed) < 150000:
+        # PostgreSQL 14's backends send their statistics to a collector process over
+        # UDP, which reports them when it gets to them: no wait makes the counts exact.
+        pytest.skip("exact dead-row counts need PostgreSQL 15's shared statistics")
     monkeypatch.setattr(vacuum, "MIN_DEAD_ROWS", 100)
     _close_pool(committed)  # the fixture's TRUNCATE reported
     _write(
