@@ -96,9 +96,12 @@ class Waker:
         return self._set
 
     def clear(self) -> None:
-        """Lower the flag. The pair is drained first: a :meth:`set` between the two
-        leaves a byte behind (one spurious wake), never a raised flag with nothing to
-        wake the sleeper."""
+        """Lower the flag, then drain the pair. A :meth:`set` after the flag is lowered
+        raises it again (and writes a byte, which the drain may take: the raised flag
+        then ends the next :meth:`wait` at once). Draining first would lose a
+        :meth:`set` made between the two: it would find the flag still raised, write
+        nothing, and the flag would then be lowered with nothing to wake the sleeper."""
+        self._set = False
         reader = self._reader
         if reader is not None:
             try:
@@ -106,7 +109,6 @@ class Waker:
                     pass
             except OSError:  # empty (BlockingIOError)
                 pass
-        self._set = False
 
     def wait(self, timeout: float | None, fileno: int | None = None) -> None:
         """Sleep until :meth:`set`, until *fileno* is readable, or *timeout* seconds."""

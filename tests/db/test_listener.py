@@ -56,6 +56,32 @@ def test_a_set_from_another_thread_wakes_the_sleeper_whenever_it_comes(waker: Wa
 
 
 @pytest.mark.timeout(20)
+def test_a_set_made_while_the_sleeper_clears_is_not_lost(waker: Waker) -> None:
+    # A set() from another thread lands while clear() drains the pair (the reader's
+    # recv stands in for that moment): the flag must stay raised, or the next wait
+    # sleeps with nothing to wake it (a worker asked to stop that never stops).
+    waker.set()
+    reader = waker._reader
+    assert reader is not None
+
+    class Interrupted:
+        def __init__(self) -> None:
+            self.fired = False
+
+        def recv(self, size: int) -> bytes:
+            if not self.fired:
+                self.fired = True
+                waker.set()  # as another thread would, mid-drain
+            return reader.recv(size)
+
+    waker._reader = Interrupted()  # type: ignore[assignment]
+    try:
+        waker.clear()
+    finally:
+        waker._reader = reader
+    assert waker.is_set()
+
+
 def test_a_waker_set_before_it_opens_or_after_it_closes_only_raises_its_flag() -> None:
     waker = Waker()
     waker.set()  # nobody waits yet: no socket to write to
