@@ -88,6 +88,8 @@ class Precompiled:
         statement SQLAlchemy must run (see the class) is relaxed in a transaction of
         its own: ``BEGIN``, the setting, the statement, ``COMMIT``.
         """
+        # The setting's SQL, compiled once like any statement here (None: not relaxed).
+        relax = self._compiled(_RELAXED, conn, None)[1] if relaxed else None
         try:
             step = plan.send(None)
             while True:
@@ -99,9 +101,8 @@ class Precompiled:
                 statement, params = step
                 _, sql, fixed = self._compiled(statement, conn, params)
                 if sql is None:
-                    if relaxed:  # a transaction of its own (SQLAlchemy reads at once)
+                    if relax is not None:  # a transaction of its own (SQLAlchemy reads at once)
                         driver = conn.connection.driver_connection
-                        relax = self._compiled(_RELAXED, conn, None)[1]
                         with driver.transaction():  # type: ignore[union-attr]
                             driver.execute(relax)  # type: ignore[union-attr]
                             result = conn.execute(statement, params)
@@ -118,8 +119,7 @@ class Precompiled:
                 if driver.adapters.get_loader(_JSONB_OID, Format.TEXT) is JsonbLoader:  # type: ignore[union-attr]
                     cursor.adapters.register_loader(_JSONB_OID, _JsonbText)
                 try:
-                    if relaxed and _PIPELINES:
-                        relax = self._compiled(_RELAXED, conn, None)[1]
+                    if relax is not None and _PIPELINES:
                         # The pipeline's exit sends its Sync: the statements' implicit
                         # transaction commits there, and their results come back.
                         with driver.pipeline():  # type: ignore[union-attr]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from workerkit import wait_until
 
 import sqlaq
 from sqlaq.context import JobContext
@@ -114,13 +114,6 @@ def test_quick_runs_in_a_batch_do_not_start_a_thread_each() -> None:
         runner.close()
 
 
-def _wait_for(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
-
-
 @pytest.mark.usefixtures("no_slot_threads")
 def test_a_run_whose_thread_waits_at_the_full_gate_is_withdrawn() -> None:
     # One place, taken by an async handler; a sync run's thread waits for it. The run
@@ -139,15 +132,15 @@ def test_a_run_whose_thread_waits_at_the_full_gate_is_withdrawn() -> None:
     try:
         (held,) = _runs(_handler(holds), 1)
         runner.submit([held])
-        _wait_for(lambda: runner._running == 1, "the async handler in the place")
+        wait_until(lambda: runner._running == 1, 30, "the async handler in the place", 0.001)
         (waiting,) = _runs(_handler(sync), 1)
         runner.submit([waiting])
-        _wait_for(lambda: runner._waiters == 1, "the sync run's thread at the gate")
+        wait_until(lambda: runner._waiters == 1, 30, "the sync run's thread at the gate", 0.001)
         assert runner.withdraw() == [waiting]
         assert runner.busy == 1  # the async handler's
         release.set()
-        _wait_for(lambda: len(finished) == 1, "the async handler's end")
-        _wait_for(lambda: runner._idle == 1, "the thread between runs")
+        wait_until(lambda: len(finished) == 1, 30, "the async handler's end", 0.001)
+        wait_until(lambda: runner._idle == 1, 30, "the thread between runs", 0.001)
         assert started == []  # the withdrawn run never started
         assert [item.run for item in finished] == [held]
     finally:
