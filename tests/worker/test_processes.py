@@ -301,6 +301,15 @@ def waiting_in_pipes(worker: sqlaq.Worker) -> list[int]:
         return [len(child.runs) for child in pool._children]
 
 
+def cancelled_in_pipes(worker: sqlaq.Worker) -> list[bool]:
+    """For each child with a job waiting in its pipe: whether that job is known here to
+    be cancelled."""
+    pool = worker._processes
+    assert pool is not None
+    with pool._lock:
+        return [c.runs[1].run.context.cancelled for c in pool._children if len(c.runs) > 1]
+
+
 @contextmanager
 def one_behind_another(
     committed: Engine,
@@ -376,6 +385,9 @@ def test_a_cancelled_job_waiting_in_a_pipe_never_runs_to_its_end(
         wait_until(lambda: waiting_in_pipes(worker) == [2], 30, "the job to wait in the pipe")
         with committed.begin() as conn:
             sqlaq.cancel(conn, behind)
+        # The worker has heard of the cancel (its NOTIFY) before the job can start:
+        # released earlier, the child may start and finish it first (CI saw it once).
+        wait_until(lambda: cancelled_in_pipes(worker) == [True], 30, "the cancel to arrive")
         Path(front["release"]).touch()
         results = recorder.wait_for(3)
         after = enqueue(committed, "pid")
