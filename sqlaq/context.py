@@ -10,6 +10,7 @@ context the function that renews a lease.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from datetime import datetime, timedelta
@@ -25,6 +26,9 @@ __all__ = ["JobContext", "current_job"]
 #: Renews one job's lease to ``now() + length`` and returns the new lease; raises
 #: LeaseLostError when the lease is gone. Supplied by the worker.
 LeaseRenewer = Callable[["JobContext", timedelta], Lease]
+
+#: Held while a context's lease is replaced (the heartbeat's thread and the handler's).
+_LEASE_LOCK = threading.Lock()
 
 _CURRENT: ContextVar[JobContext | None] = ContextVar("sqlaq_current_job", default=None)
 
@@ -132,11 +136,19 @@ class JobContext:
         self._cancelled = True
 
     def _set_lease(self, lease: Lease) -> None:
-        # Called by the worker's heartbeat (another thread): one attribute store, atomic.
-        self._lease = lease
+        # Called by the worker's heartbeat (another thread) and by extend_lease: the two
+        # may renew at once, in either order, so the later end is kept (the database
+        # keeps the later one too: a renewal never shortens a lease).
+        with _LEASE_LOCK:
+            if lease.expires_at >= self._lease.expires_at:
+                self._lease = lease
 
     def extend_lease(self, length: timedelta | None = None) -> Lease:
         """Renew the lease now, to ``now() + length``, and keep that length from here on.
+
+        A renewal never moves a lease's end earlier: asking for a shorter length than
+        the one in use takes effect as the lease runs down (the heartbeat renews to
+        ``now() + length`` once that is later than the current end).
 
         The worker renews every running job's lease on its own, so a handler needs this
         only before something that may stall longer than the lease (a long external
@@ -156,8 +168,9 @@ class JobContext:
         """
         if length is not None:
             self.lease_length = length
-        self._lease = self._renew(self, self.lease_length)
-        return self._lease
+        lease = self._renew(self, self.lease_length)
+        self._set_lease(lease)
+        return lease
 
     async def extend_lease_async(self, length: timedelta | None = None) -> Lease:
         """:meth:`extend_lease` for ``async`` handlers: the UPDATE runs in a thread."""

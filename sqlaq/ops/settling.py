@@ -57,7 +57,8 @@ def extend_lease(
     raise_on_lost: bool = True,
     lease: timedelta | None = None,
 ) -> Plan[list[Lease]]:
-    """Move the end of each still-held lease to ``now() + length``, in one statement.
+    """Move the end of each still-held lease to ``now() + length``, in one statement;
+    never earlier than it is (a renewal does not shorten a lease).
 
     Args:
         leases: The leases to renew.

@@ -44,13 +44,14 @@ def _walk(name: str, seeds: Select[tuple[int]]) -> CTE:
                 WHERE up.id = name.id
                 UNION ALL
                 SELECT child.id FROM sqlaq_jobs AS parent
-                JOIN sqlaq_jobs AS child ON child.id > parent.id
-                    AND child.parent_ids @> ARRAY[parent.id]
+                JOIN sqlaq_jobs AS child ON child.parent_ids @> ARRAY[parent.id]
                 WHERE parent.id = name.id AND parent.has_dependents) AS near)
 
     ``UNION`` keeps each job once (a diamond, or a chord's callback met from each of
-    its members, is walked once). A child is always enqueued after its parents (``id >
-    parent``). An id of a pruned parent may appear (no row has it).
+    its members, is walked once). An id of a pruned parent may appear (no row has it).
+    The step down has no ``child.id > parent.id`` (true: a child is enqueued after its
+    parents): it offered the planner a primary-key range scan from the parent on, which
+    reads every job enqueued since, and PostgreSQL 14 took it on a small table.
     """
     walk = seeds.cte(name, recursive=True)
     up = jobs.alias("up")
@@ -62,10 +63,7 @@ def _walk(name: str, seeds: Select[tuple[int]]) -> CTE:
         .select_from(
             parent.join(
                 child,
-                and_(
-                    child.c.id > parent.c.id,
-                    child.c.parent_ids.contains(array([parent.c.id])),
-                ),
+                child.c.parent_ids.contains(array([parent.c.id])),
             )
         )
         .where(parent.c.id == walk.c.id, parent.c.has_dependents)

@@ -61,7 +61,7 @@ from sqlaq.queries.claim import _where_clauses, claim_params
 from sqlaq.queries.columns import CLAIM_COLUMNS
 from sqlaq.queries.enqueue import find_pending_duplicate_stmt
 from sqlaq.queries.retention import _prunable
-from sqlaq.queries.settle import _fence, _requeued
+from sqlaq.queries.settle import _extended_end, _fence, _requeued
 from sqlaq.schema import (
     CANCEL_CHANNEL,
     DEBOUNCE_INDEX,
@@ -302,7 +302,7 @@ def citus_extend_lease_stmt() -> Update:
     return _pinned(
         update(jobs)
         .where(_fence([]))
-        .values(run_at=_NOW + bindparam("b_lease", None, Interval))
+        .values(run_at=_extended_end(bindparam("b_lease", None, Interval)))
         .returning(c.id, c.run_at)
     )
 

@@ -114,19 +114,29 @@ def _fence(leases: Collection[Lease]) -> ColumnElement[bool]:
 
 
 def extend_lease_stmt(*, leases: Collection[Lease], lease: timedelta) -> Update:
-    """Move the end of every still-held lease in *leases* to ``now() + lease``.
+    """Move the end of every still-held lease in *leases* to ``now() + lease``, never
+    earlier than it is.
 
-    Renders ``UPDATE sqlaq_jobs SET run_at = now() + :b_lease WHERE id = ANY(:b_ids) AND
-    lease_token = ANY(:b_tokens) AND status = 'running' RETURNING id, run_at``: one
-    statement per heartbeat whatever the number of jobs in flight. A lease that was
-    lost (reclaimed, cancelled, finished) returns no row.
+    Renders ``UPDATE sqlaq_jobs SET run_at = greatest(run_at, now() + :b_lease) WHERE
+    id = ANY(:b_ids) AND lease_token = ANY(:b_tokens) AND status = 'running' RETURNING
+    id, run_at``: one statement per heartbeat whatever the number of jobs in flight. A
+    lease that was lost (reclaimed, cancelled, finished) returns no row. An extension
+    never shortens a lease: a worker's heartbeat, computed with the length it knew when
+    it started, may commit just after a handler asked for a longer one, and must not
+    undo it.
     """
     return (
         update(jobs)
         .where(_fence(leases))
-        .values(run_at=_NOW + bindparam("b_lease", lease, Interval))
+        .values(run_at=_extended_end(bindparam("b_lease", lease, Interval)))
         .returning(c.id, c.run_at)
     )
+
+
+def _extended_end(length: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``greatest(run_at, now() + length)``: a renewed lease's end, never earlier than
+    the end it had (shared by the Citus form)."""
+    return func.greatest(c.run_at, _NOW + length)
 
 
 def complete_stmt(*, leases: Collection[Lease]) -> Update:

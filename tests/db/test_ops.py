@@ -238,6 +238,20 @@ def test_extend_lease_moves_the_end_from_database_now(conn: Connection) -> None:
     assert len(sqlaq.extend_lease(conn, job.lease)) == 1
 
 
+def test_extend_lease_never_moves_the_end_earlier(conn: Connection) -> None:
+    """A heartbeat computed with the worker's short lease that commits just after a
+    handler asked for a longer one must not undo it."""
+    sqlaq.enqueue(conn, "k")
+    job = claim_one(conn)
+    (longer,) = sqlaq.extend_lease(conn, job.lease, length=timedelta(minutes=5))
+    (shorter,) = sqlaq.extend_lease(conn, job.lease, length=timedelta(seconds=3))
+    assert shorter.expires_at == longer.expires_at == job_row(conn, job.id).run_at
+    expire_lease(conn, job.id)  # once the end has passed, a short renewal moves it on
+    (again,) = sqlaq.extend_lease(conn, job.lease, length=timedelta(seconds=3))
+    expected = conn.execute(text("SELECT now() + interval '3 seconds'")).scalar_one()
+    assert again.expires_at == expected == job_row(conn, job.id).run_at
+
+
 def test_extend_lease_still_takes_its_old_keyword_with_a_warning(conn: Connection) -> None:
     sqlaq.enqueue(conn, "k")
     job = claim_one(conn)
