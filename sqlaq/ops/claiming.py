@@ -193,6 +193,24 @@ def claim_bounded(
     return _claimed([row[:-3] for row in rows], worker_id, lease), position
 
 
+def first_due(
+    *,
+    queue: str,
+    exclude_kinds: Collection[str] = (),
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+) -> Plan[ClaimPosition | None]:
+    """The claim index's position of the first job a claim of *queue* would take
+    (:func:`sqlaq.queries.first_due_stmt`), None when none is due. A plan, run by the
+    worker's fetcher when it looks behind its bound (not an operation of the API). On
+    a job table distributed on Citus, None: the claims there have no bound."""
+    if (yield DISTRIBUTED):
+        return None
+    kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
+    stmt = queries.first_due_stmt(queue=queue, exclude_kinds=kinds, where=where)
+    row = (yield stmt, queries.first_due_params(queue=queue, exclude_kinds=kinds)).first()
+    return None if row is None else ClaimPosition(*row)
+
+
 def _narrows(where: Any) -> bool:
     return where is not None and not (isinstance(where, Sequence) and not where)
 

@@ -204,27 +204,7 @@ def claim_stmt(
     :data:`FULL_CLAIM` as the position claims from the queue's first entry.
     """
     v = claim_params(queue=queue, worker_id=worker_id, limit=limit, lease=lease)
-    which: list[ColumnElement[bool]] = []
-    if kind is not None:
-        which.append(c.kind == bindparam("b_kind", kind, Text))
-    if exclude_kinds:
-        excluded = bindparam("b_excluded", sorted(exclude_kinds), ARRAY(Text))
-        which.append(c.kind != func.all(excluded))
-    if ids:
-        which.append(c.id == func.any(bindparam("b_ids", [], _IDS)))
-    narrowed = _where_clauses(where)
-    queue_ = bindparam("b_queue", v["b_queue"], Text)
-    due = (
-        _PENDING,
-        c.queue == queue_,
-        c.run_at <= _NOW,
-        # Uncorrelated, so PostgreSQL runs it once per claim (an InitPlan: one probe
-        # of the paused table's primary key) and skips the claim index's walk
-        # altogether while the queue is paused (a one-time filter).
-        ~exists().where(paused_queues.c.queue == queue_),
-        *which,
-        *narrowed,
-    )
+    due = _due(queue, kind=kind, exclude_kinds=exclude_kinds, where=where, ids=ids)
     limit_ = bindparam("b_limit", v["b_limit"], Integer)
     if bounded:
         candidates = _bounded_candidates(due, limit_)
@@ -239,6 +219,71 @@ def claim_stmt(
             .prefix_with("MATERIALIZED")
         )
     return _claim_update(candidates, v, bounded=bounded)
+
+
+def _due(
+    queue: str,
+    *,
+    kind: str | None = None,
+    exclude_kinds: Collection[str] = (),
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+    ids: bool = False,
+) -> tuple[ColumnElement[bool], ...]:
+    """What makes a job a claim's candidate (see :func:`claim_stmt`): due in the queue
+    bound as ``b_queue``, the queue not paused, the kind filters, *where*."""
+    which: list[ColumnElement[bool]] = []
+    if kind is not None:
+        which.append(c.kind == bindparam("b_kind", kind, Text))
+    if exclude_kinds:
+        excluded = bindparam("b_excluded", sorted(exclude_kinds), ARRAY(Text))
+        which.append(c.kind != func.all(excluded))
+    if ids:
+        which.append(c.id == func.any(bindparam("b_ids", [], _IDS)))
+    narrowed = _where_clauses(where)
+    queue_ = bindparam("b_queue", queue, Text)
+    return (
+        _PENDING,
+        c.queue == queue_,
+        c.run_at <= _NOW,
+        # Uncorrelated, so PostgreSQL runs it once per claim (an InitPlan: one probe
+        # of the paused table's primary key) and skips the claim index's walk
+        # altogether while the queue is paused (a one-time filter).
+        ~exists().where(paused_queues.c.queue == queue_),
+        *which,
+        *narrowed,
+    )
+
+
+def first_due_params(*, queue: str, exclude_kinds: Collection[str] = ()) -> dict[str, Any]:
+    """The bind values of :func:`first_due_stmt`."""
+    params: dict[str, Any] = {"b_queue": queue}
+    if exclude_kinds:
+        params["b_excluded"] = sorted(exclude_kinds)
+    return params
+
+
+def first_due_stmt(
+    *,
+    queue: str,
+    exclude_kinds: Collection[str] = (),
+    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
+) -> Select[Any]:
+    """The claim index's position of the first job a claim of *queue* would take (the
+    same candidates as :func:`claim_stmt` with *exclude_kinds* and *where*), read
+    without a lock: where a worker's look behind its bound finds a job that became due
+    there (:mod:`sqlaq.worker.fetcher`).
+
+    Renders ``SELECT priority, run_at, id FROM sqlaq_jobs WHERE <the claim's
+    candidates> ORDER BY priority DESC, run_at, id LIMIT 1``: the walk of a full claim,
+    dead entries a held snapshot keeps included, on a connection of its own instead of
+    the claiming one.
+    """
+    return (
+        select(c.priority, c.run_at, c.id)
+        .where(*_due(queue, exclude_kinds=exclude_kinds, where=where))
+        .order_by(c.priority.desc(), c.run_at, c.id)
+        .limit(literal_column("1", Integer))
+    )
 
 
 def _claim_update(candidates: Any, v: dict[str, Any], *, bounded: bool = False) -> Update:

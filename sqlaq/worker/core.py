@@ -182,7 +182,13 @@ class Worker:
         self._wrote = False
         self._db_failures = 0
         self._fetcher = Fetcher(
-            engine, registry, config, self.worker_id, self._back_off, self._recovered
+            engine,
+            registry,
+            config,
+            self.worker_id,
+            self._back_off,
+            self._recovered,
+            found=self._found_behind,
         )
         self._writer = Writer(engine, self._wake.set)
         #: Vacuums the jobs table during deep drains (None with ``vacuum`` off).
@@ -656,6 +662,12 @@ class Worker:
         # collects: if it is still set here, its collect will see this run.
         self._wake.set()
 
+    def _found_behind(self, queue: str, position: ClaimPosition) -> None:
+        # From the fetcher's look behind its bounds (its own thread): a due job there,
+        # taken in as a NOTIFY that says where (deque.append is atomic).
+        self._woken.append((queue, position))
+        self._wake.set()
+
     def _notified(self, channel: str | None, payload: str | None) -> None:
         # From Listener.read, on this thread, right before _collect; (None, None) from
         # the listener's thread after it (re)connected, which then wakes this one.
@@ -787,7 +799,7 @@ class Worker:
         if self._maintenance is not None:
             self._maintenance.stop()
         self._writer.close()  # it closes its connection on the way out
-        self._fetcher.close()
+        self._fetcher.stop()
         self._sessions.close(self._runner.loop)  # on the loop its connections know
         self._runner.close()
         self._wake.close()

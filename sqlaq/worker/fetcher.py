@@ -32,6 +32,8 @@ and flushes the claim before it.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Collection, Iterable
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
@@ -44,26 +46,32 @@ from sqlalchemy.exc import DBAPIError, StatementError
 
 from sqlaq import ops, queries
 from sqlaq.config import WorkerConfig
-from sqlaq.drive import plan_of
+from sqlaq.drive import plan_of, run
 from sqlaq.errors import ConfigError
 from sqlaq.lease import Lease
-from sqlaq.ops.claiming import claim_bounded
+from sqlaq.ops.claiming import claim_bounded, first_due
 from sqlaq.queries import ClaimPosition
 from sqlaq.registry import Registry
 from sqlaq.transient import describe, is_transient
 from sqlaq.worker.gates import KindGates
 from sqlaq.worker.precompiled import Precompiled
 
-__all__ = ["FULL_CLAIM_SPACING", "Fetcher", "parse_wake"]
+__all__ = ["FULL_CLAIM_SPACING", "LOOK_BEHIND_STOP", "Fetcher", "parse_wake"]
 
-#: A listening worker's poll makes its next claim a full one only this many times the
-#: last full claim's duration after it: a full claim walks the dead index entries a held
-#: snapshot keeps (100 to 200 ms after 300,000 jobs), and while it runs the worker starts
-#: nothing, so they take at most 0.5 % of its time. Without such a snapshot a full claim
-#: takes a millisecond or two: each poll's claim is a full one. (A worker no NOTIFY
-#: reaches makes every poll's claim a full one: it has no other way to find a job that
-#: became due behind its bound.)
-FULL_CLAIM_SPACING = 200
+_log = logging.getLogger(__name__)
+
+#: A listening worker's poll looks behind its bounds only this many times the last
+#: look's (or full claim's) duration after it: each walks the dead index entries a held
+#: snapshot keeps (100 to 400 ms after 300,000 jobs), so they take at most 2 % of a
+#: connection's time (and of a server core's). The worker's claims do not wait for a
+#: look. Without such a snapshot a look takes a millisecond or two: each poll looks. (A
+#: worker no NOTIFY reaches makes every poll's claim a full one instead: it has no other
+#: way to find a job that became due behind its bound.)
+FULL_CLAIM_SPACING = 50
+
+#: How long a stopping worker waits for a look behind its bound to end, once it has
+#: asked the server to cancel it (seconds).
+LOOK_BEHIND_STOP = 5.0
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MIN_ID = -(2**63)  # below any id: a position before every job of its (priority, run_at)
@@ -108,6 +116,10 @@ class Fetcher:
         worker_id: Written to ``locked_by`` of every claimed job.
         back_off: Called with a transient database error: waits before the next try.
         recovered: Called after a claim succeeded.
+        found: Called, from another thread, with a queue and a position behind its
+            bound where a look behind the bound found a due job (the worker hands it
+            to :meth:`notified` on its run thread). None: a listening worker's poll
+            drops the bounds instead (a full claim on the run thread).
     """
 
     def __init__(
@@ -118,8 +130,12 @@ class Fetcher:
         worker_id: UUID,
         back_off: Callable[[BaseException], None],
         recovered: Callable[[], None],
+        found: Callable[[str, ClaimPosition], None] | None = None,
     ) -> None:
         self._engine = engine
+        self._found = found
+        self._behind: threading.Thread | None = None  # the look behind the bounds
+        self._behind_cancel: Callable[[], None] | None = None  # cancels its query
         self._config = config
         self._worker_id = worker_id
         self._back_off = back_off
@@ -138,10 +154,11 @@ class Fetcher:
         # never walks the dead entries of the jobs claimed before, which a snapshot held
         # elsewhere keeps from being cleaned up. No entry: the next claim is a full one.
         # A job that becomes due before the bound (a late commit, an expired lease, a
-        # row that was locked) is found when its NOTIFY lowers the bound, or by the full
-        # claim that follows each poll (woken drops the bounds).
+        # row that was locked) is found when its NOTIFY lowers the bound, or at a poll:
+        # a listening worker looks behind its bounds on another connection, off the
+        # claiming thread (found), one that is not drops them (a full claim).
         self._bounds: dict[str, ClaimPosition] = {}
-        self._next_full = 0.0  # a poll drops the bounds from then on (FULL_CLAIM_SPACING)
+        self._next_full = 0.0  # a poll looks behind from then on (FULL_CLAIM_SPACING)
         # Limited kinds (a concurrency limit or a rate) are claimed one kind at a time
         # under the kind's lock (ops.claim_limited); the plain claim skips them.
         self.gates = KindGates(registry)
@@ -271,7 +288,7 @@ class Fetcher:
         now = monotonic()
         queues = self._config.queues
         if now >= self._next_poll:
-            self.woken(queues, full=now >= self._next_full)
+            self._poll(queues, now)
             self._next_poll = now + self._config.poll_interval.total_seconds()
         if self.gates.blocked and self.gates.expire(now):
             self._due.update(queues)  # a rate window moved on, or a poll came
@@ -280,6 +297,50 @@ class Fetcher:
         start = self._turn % len(queues)
         self._turn += 1
         return [q for q in queues[start:] + queues[:start] if q in self._due]
+
+    def _poll(self, queues: tuple[str, ...], now: float) -> None:
+        """The poll: every queue may have due jobs. Behind the bounds, where a job may
+        have become due without a NOTIFY that says where (an expired lease, a row that
+        was locked, a NOTIFY turned off), a listening worker looks on a connection of
+        its own while its claims go on from the bounds: the look walks the dead entries
+        a held snapshot keeps, and a claim that walked them would delay every job due
+        meanwhile. Other workers drop the bounds (a full claim)."""
+        if self._found is None or not self._short_ends_due:
+            self.woken(queues, full=now >= self._next_full)
+            return
+        self.woken(queues, full=False)
+        bounded = [queue for queue in queues if queue in self._bounds]
+        behind = self._behind
+        if not bounded or now < self._next_full or (behind is not None and behind.is_alive()):
+            return
+        self._behind = threading.Thread(
+            target=self._look_behind, args=(bounded,), name="sqlaq-look-behind", daemon=True
+        )
+        self._behind.start()
+
+    def _look_behind(self, queues: list[str]) -> None:
+        """In its own thread: find the first due job of each of *queues* and report its
+        position (:meth:`notified` moves a bound back to it, if it is behind)."""
+        found = self._found
+        assert found is not None
+        try:
+            with self._engine.connect() as conn:
+                self._behind_cancel = conn.connection.driver_connection.cancel  # type: ignore[union-attr]
+                for queue in queues:
+                    started = monotonic()
+                    position = run(
+                        conn,
+                        first_due(queue=queue, exclude_kinds=self.gates.kinds, where=self._where),
+                    )
+                    conn.rollback()
+                    ended = monotonic()
+                    self._next_full = ended + FULL_CLAIM_SPACING * (ended - started)
+                    if position is not None:  # a bounded claim starts after its position
+                        found(queue, position._replace(id=position.id - 1))
+        except Exception as exc:  # the next poll looks again
+            _log.debug("could not look behind the claim bounds: %s", describe(exc))
+        finally:
+            self._behind_cancel = None
 
     def _fetch(self, queue: str, room: int, free: int) -> list[ops.ClaimedJob]:
         limited = min(room, free)  # a limited kind is claimed for free slots only
@@ -412,6 +473,17 @@ class Fetcher:
         if self._conn is None:
             self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         return self._conn
+
+    def stop(self) -> None:
+        """Cancel a look behind the bounds still running and wait for its thread (at
+        most :data:`LOOK_BEHIND_STOP`), then :meth:`close`: the worker is stopping."""
+        behind, cancel = self._behind, self._behind_cancel
+        if behind is not None:
+            if cancel is not None:
+                with suppress(Exception):  # ended meanwhile, or a connection gone
+                    cancel()
+            behind.join(LOOK_BEHIND_STOP)
+        self.close()
 
     def close(self) -> None:
         """Return the claim connection to the pool (which discards it if invalidated)."""

@@ -16,7 +16,8 @@ from sqlaq.registry import Registry
 
 __all__ = ["PoolNeeds", "capacity", "check", "needs", "sized"]
 
-#: The claim connection, held, plus one for a limited kind's claim or a hand-back.
+#: The claim connection, held, plus one for a limited kind's claim, a hand-back or the
+#: poll's look behind the claim bounds (each brief: one may wait for another to end).
 CLAIMS = 2
 #: The writer's connection, held.
 WRITER = 1

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(120)
 QUEUE = "default"
 
 
-def _fetcher(engine: Engine, **options: Any) -> Fetcher:
+def _fetcher(engine: Engine, found: Any = None, **options: Any) -> Fetcher:
     registry = sqlaq.Registry()
     registry.handler("k")(lambda payload: None)
 
@@ -42,16 +42,16 @@ def _fetcher(engine: Engine, **options: Any) -> Fetcher:
 
     options.setdefault("poll_interval", timedelta(minutes=10))  # no poll unless asked
     config = WorkerConfig(**options)
-    return Fetcher(engine, registry, config, uuid.uuid4(), back_off, lambda: None)
+    return Fetcher(engine, registry, config, uuid.uuid4(), back_off, lambda: None, found=found)
 
 
 @contextmanager
-def _fetching(engine: Engine, **options: Any) -> Iterator[Fetcher]:
-    fetcher = _fetcher(engine, **options)
+def _fetching(engine: Engine, found: Any = None, **options: Any) -> Iterator[Fetcher]:
+    fetcher = _fetcher(engine, found, **options)
     try:
         yield fetcher
     finally:
-        fetcher.close()
+        fetcher.stop()
 
 
 def _ids(engine: Engine, count: int, **fields: Any) -> list[int]:
@@ -223,6 +223,78 @@ def test_an_expired_lease_behind_the_bound_is_claimed_again_by_the_polls_full_cl
         fetcher.woken([QUEUE])  # what the poll does
         reclaimed = fetcher.fetch(2, 2, lambda: False)
         assert [(j.id, j.attempt) for j in reclaimed] == [(high, 2), (low[2], 1)]
+
+
+class _Found:
+    """What a fetcher's looks behind its bounds reported."""
+
+    def __init__(self) -> None:
+        self.positions: list[tuple[str, sqlaq.queries.ClaimPosition]] = []
+        self.event = threading.Event()
+
+    def __call__(self, queue: str, position: sqlaq.queries.ClaimPosition) -> None:
+        self.positions.append((queue, position))
+        self.event.set()
+
+
+def test_a_listening_workers_poll_looks_behind_its_bound_on_a_connection_of_its_own(
+    committed: Engine,
+) -> None:
+    """The poll of a listening worker keeps its bound: its claims go on from there while
+    another connection looks behind it, and what the look finds moves the bound back
+    as a NOTIFY with a position would."""
+    found = _Found()
+    with _fetching(committed, found) as fetcher:
+        [high] = _ids(committed, 1, priority=5)
+        low = _ids(committed, 5, priority=0)
+        assert _claimed(fetcher, 2) == [high, low[0]]  # the bound: low[0]'s position
+        with committed.begin() as conn:  # its worker died: the lease ran out
+            conn.execute(
+                text("UPDATE sqlaq_jobs SET run_at = now() - interval '1 second' WHERE id = :i"),
+                {"i": high},
+            )
+        fetcher._poll((QUEUE,), float("inf"))  # the poll, whenever the last look was
+        assert _claimed(fetcher, 1) == [low[1]]  # still from the bound
+        assert found.event.wait(10), "the look behind the bound reported nothing"
+        [(queue, position)] = found.positions
+        # Just before the job: a bounded claim starts after its position.
+        assert (queue, position.priority, position.id) == (QUEUE, 5, high - 1)
+        fetcher.notified(queue, position)  # what the worker's run thread does with it
+        reclaimed = fetcher.fetch(2, 2, lambda: False)
+        assert [(j.id, j.attempt) for j in reclaimed] == [(high, 2), (low[2], 1)]
+
+
+def test_a_look_behind_the_bound_is_spaced_by_its_own_length(committed: Engine) -> None:
+    """A poll looks behind the bounds only once FULL_CLAIM_SPACING times the last look's
+    length has passed: a look walks what a held snapshot keeps, however long that is."""
+    found = _Found()
+    with _fetching(committed, found) as fetcher:
+        _ids(committed, 3)
+        assert len(_claimed(fetcher, 1)) == 1  # a full claim: the bound is set
+        fetcher._poll((QUEUE,), float("inf"))
+        assert found.event.wait(10)
+        fetcher.stop()  # the look has ended
+        found.event.clear()
+        spaced = fetcher._next_full  # its end, plus FULL_CLAIM_SPACING times its length
+        fetcher._poll((QUEUE,), spaced - 0.001)  # just before: no look
+        fetcher.stop()
+        assert not found.event.is_set()
+        assert fetcher.due  # the poll still made the queue due
+        fetcher._poll((QUEUE,), spaced)
+        assert found.event.wait(10)
+        assert len(found.positions) == 2
+
+
+def test_a_worker_that_does_not_listen_drops_its_bounds_at_the_poll(committed: Engine) -> None:
+    """No look behind for a worker no NOTIFY reaches: its poll's claim is a full one."""
+    found = _Found()
+    with _fetching(committed, found, listen=False) as fetcher:
+        with _late_job(committed) as late:
+            early = _ids(committed, 2)
+            assert _claimed(fetcher, 2) == early
+        fetcher._poll((QUEUE,), float("inf"))
+        assert _claimed(fetcher, 10) == [late]
+        assert found.positions == []
 
 
 def _entries_read(conn: Connection) -> int:

@@ -299,6 +299,43 @@ def test_sync_and_async_handlers_see_their_job(committed: Engine) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_job_due_behind_the_claim_bound_without_a_notify_runs_at_a_poll(
+    committed: Engine,
+) -> None:
+    """A listening worker's claims start at its bound (the last job it claimed); at a
+    poll it looks behind the bound on another connection. A job of a higher priority
+    enqueued with the trigger's NOTIFY turned off, after the worker moved on, sits
+    behind the bound: that look finds it."""
+    registry = sqlaq.Registry()
+    recorder = Recorder()
+    registry.handler("k")(recorder.saw)
+    worker = fast_worker(committed, registry, recorder)
+    fetcher = worker._fetcher
+    report, looked = fetcher._found, []
+    assert report is not None
+
+    def found(queue: str, position: sqlaq.queries.ClaimPosition) -> None:
+        looked.append(position.priority)
+        report(queue, position)
+
+    fetcher._found = found
+    with running(worker):
+        # The listener's first connection drops the bounds (a look at the whole queue):
+        # a job claimed after that, and done, leaves its position as the bound.
+        wait_until(lambda: worker.listening, 10, "the listener")
+        enqueue(committed, "k", {"n": 1})
+        recorder.wait_for(1)
+        enqueue(committed, "k", {"n": 1})
+        recorder.wait_for(2)
+        with committed.begin() as conn:
+            conn.execute(text("SET LOCAL sqlaq.notify = off"))
+            late = sqlaq.enqueue(conn, "k", {"n": 2}, priority=5).job_id
+        recorder.wait_for(3)
+    assert [(r.job_id, r.status) for r in recorder.results][2:] == [(late, "done")]
+    assert 5 in looked  # found by a look behind the bound, not by a full claim
+
+
+@pytest.mark.timeout(30)
 def test_current_job_can_extend_its_lease(committed: Engine) -> None:
     registry = sqlaq.Registry()
     recorder = Recorder()

@@ -157,6 +157,8 @@ CALLS: dict[str, list[Any]] = {
         },
     ],
     "fair_claim_stmt": [{}, {"exclude_kinds": True}],
+    "first_due_params": [{"queue": "q"}, {"queue": "q", "exclude_kinds": {"b", "a"}}],
+    "first_due_stmt": [{"queue": "q"}, {"queue": "q", "exclude_kinds": ["a"]}],
     "keyed_candidates_params": [
         {"queue": "q", "kind": "k", "limit": 5, "full_keys": ["a"], "picked": [1, 2]}
     ],
