@@ -2,8 +2,9 @@
 each claim starts at the claim index's position of the last job the worker claimed, so
 the dead entries behind it, which a snapshot held elsewhere keeps, are never walked; a
 job that becomes due behind that position is claimed after its NOTIFY (which moves the
-bound back), at the next poll (a full claim), or at once by a worker no NOTIFY reaches
-once its bounded claim comes back empty."""
+bound back), at the next poll (a listening worker's look behind its bound, on another
+connection; a full claim for one that does not listen), or at once by a worker no
+NOTIFY reaches once its bounded claim comes back empty."""
 
 from __future__ import annotations
 
@@ -204,23 +205,30 @@ def test_without_listen_a_late_job_waits_at_most_one_poll_while_the_worker_drain
         assert time.monotonic() - started >= poll
 
 
-def test_an_expired_lease_behind_the_bound_is_claimed_again_by_the_polls_full_claim(
+def _expired_behind_the_bound(engine: Engine, fetcher: Fetcher) -> tuple[int, list[int]]:
+    """A job of a higher priority whose lease expires after *fetcher* moved on to a
+    lower priority: it sits before the bound. Returns it and the lower jobs (two of
+    five claimed)."""
+    [high] = _ids(engine, 1, priority=5)
+    low = _ids(engine, 5, priority=0)
+    assert _claimed(fetcher, 2) == [high, low[0]]  # the bound: low[0]'s position
+    with engine.begin() as conn:  # its worker died: the lease ran out
+        conn.execute(
+            text("UPDATE sqlaq_jobs SET run_at = now() - interval '1 second' WHERE id = :i"),
+            {"i": high},
+        )
+    return high, low
+
+
+def test_an_expired_lease_behind_the_bound_is_claimed_again_by_a_full_claim(
     committed: Engine,
 ) -> None:
-    """A job of a higher priority whose lease expires after the worker moved on to a
-    lower priority sits before the bound: the bounded claims pass it by, the full claim
-    after the poll takes it again."""
+    """The bounded claims pass an expired lease behind the bound by; a full claim (after
+    a notification without a position) takes it again."""
     with _fetching(committed) as fetcher:
-        [high] = _ids(committed, 1, priority=5)
-        low = _ids(committed, 4, priority=0)
-        assert _claimed(fetcher, 2) == [high, low[0]]  # the bound: low[0]'s position
-        with committed.begin() as conn:  # its worker died: the lease ran out
-            conn.execute(
-                text("UPDATE sqlaq_jobs SET run_at = now() - interval '1 second' WHERE id = :i"),
-                {"i": high},
-            )
+        high, low = _expired_behind_the_bound(committed, fetcher)
         assert _claimed(fetcher, 1) == [low[1]]  # bounded: not seen
-        fetcher.woken([QUEUE])  # what the poll does
+        fetcher.woken([QUEUE])  # a notification without a position, a reconnection
         reclaimed = fetcher.fetch(2, 2, lambda: False)
         assert [(j.id, j.attempt) for j in reclaimed] == [(high, 2), (low[2], 1)]
 
@@ -245,14 +253,7 @@ def test_a_listening_workers_poll_looks_behind_its_bound_on_a_connection_of_its_
     as a NOTIFY with a position would."""
     found = _Found()
     with _fetching(committed, found) as fetcher:
-        [high] = _ids(committed, 1, priority=5)
-        low = _ids(committed, 5, priority=0)
-        assert _claimed(fetcher, 2) == [high, low[0]]  # the bound: low[0]'s position
-        with committed.begin() as conn:  # its worker died: the lease ran out
-            conn.execute(
-                text("UPDATE sqlaq_jobs SET run_at = now() - interval '1 second' WHERE id = :i"),
-                {"i": high},
-            )
+        high, low = _expired_behind_the_bound(committed, fetcher)
         fetcher._poll((QUEUE,), float("inf"))  # the poll, whenever the last look was
         assert _claimed(fetcher, 1) == [low[1]]  # still from the bound
         assert found.event.wait(10), "the look behind the bound reported nothing"
