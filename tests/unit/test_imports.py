@@ -28,6 +28,12 @@ NOT_IN_A_WORKER = (
     "alembic",
     "opentelemetry.trace",
     "opentelemetry.context",
+    # the process executor (and multiprocessing): imported by a worker with a handler
+    # that runs in a child process only
+    "sqlaq.worker.processes",
+    "multiprocessing",
+    # the did-you-mean of a misspelt option
+    "difflib",
 )
 
 
@@ -117,3 +123,15 @@ def test_the_lazy_table_and_the_type_checkers_imports_agree() -> None:
     assert typed == lazy
     assert not eager & lazy
     assert eager | lazy == set(sqlaq.__all__)
+
+
+def test_a_worker_with_a_process_handler_imports_the_process_executor() -> None:
+    # The other side of NOT_IN_A_WORKER's process executor: it is imported when needed.
+    loaded = _modules_after(
+        "import sqlaq, sqlaq.worker.core as core\n"
+        "from sqlaq.config import WorkerConfig\n"
+        "registry = sqlaq.Registry()\n"
+        "registry.handler('t', executor='process')(print)\n"
+        "assert core._process_pool(registry, WorkerConfig(executor='thread')) is not None\n"
+    )
+    assert "sqlaq.worker.processes" in loaded
