@@ -135,3 +135,24 @@ def test_a_worker_with_a_process_handler_imports_the_process_executor() -> None:
         "assert core._process_pool(registry, WorkerConfig(executor='thread')) is not None\n"
     )
     assert "sqlaq.worker.processes" in loaded
+
+
+def test_a_worker_builds_none_of_the_statements_kept_for_first_use() -> None:
+    # The statements of paths a plain worker never takes (sqlaq.ops._common.on_first_use:
+    # Citus's, the fair and limited claims, debounce, unique_for) are not built at
+    # import; each is built once, at its first use.
+    code = (
+        "import functools, sys, sqlaq.cli, sqlaq.worker\n"
+        "lazy = {f'{m.__name__}.{n}': v for m in list(sys.modules.values())\n"
+        "        if m.__name__.startswith('sqlaq.') for n, v in vars(m).items()\n"
+        "        if isinstance(v, functools._lru_cache_wrapper)\n"
+        "        and isinstance(v.__wrapped__, functools.partial)}\n"
+        "built = sorted(n for n, v in lazy.items() if v.cache_info().currsize)\n"
+        "assert not built, built\n"
+        "assert {f'sqlaq.ops.{n}' for n in ('claiming._claim_fair_stmt',\n"
+        "    'claiming._citus_claim_stmt', 'settling._citus_complete_stmt',\n"
+        "    'enqueuing._enqueue_debounce_stmt', 'retention._citus_sweep_stmt')} <= set(lazy)\n"
+        "for name, accessor in lazy.items():\n"
+        "    assert accessor() is accessor(), name\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
