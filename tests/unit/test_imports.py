@@ -34,6 +34,8 @@ NOT_IN_A_WORKER = (
     "multiprocessing",
     # the did-you-mean of a misspelt option
     "difflib",
+    # the deep schema check (sqlaq-admin check --deep): a worker checks the revision
+    "sqlaq.migrations.drift",
 )
 
 
@@ -156,3 +158,16 @@ def test_a_worker_builds_none_of_the_statements_kept_for_first_use() -> None:
         "    assert accessor() is accessor(), name\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_deep_checks_names_resolve_on_first_use() -> None:
+    loaded = _modules_after(
+        "import sys, sqlaq.migrations as m\n"
+        "assert 'sqlaq.migrations.drift' not in sys.modules\n"
+        "assert {'Difference', 'SchemaDriftError', 'differences'} <= set(dir(m))\n"
+        "from sqlaq.migrations import SchemaDriftError\n"
+        "from sqlaq.migrations.drift import SchemaDriftError as defined, differences\n"
+        "assert SchemaDriftError is defined and m.differences is differences\n"
+        "assert not hasattr(m, 'differencse')"
+    )
+    assert "sqlaq.migrations.drift" in loaded
