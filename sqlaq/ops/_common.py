@@ -38,7 +38,9 @@ def on_first_use(builder: Callable[..., S], /, *args: Any, **kwargs: Any) -> Cal
     For the statements of paths a plain worker never takes (Citus, fair and limited
     claims, debounce, ``unique_for``): built at import, each would cost memory in every
     process (tens of KiB for a claim). The plain paths' statements (claim, bounded claim,
-    enqueue, settle) are module constants, built at import.
+    enqueue, settle) are module constants, built at import. Two threads calling an
+    accessor first at once may each build one: equal statements (SQLAlchemy caches their
+    compiled form by structure), so it does not matter which the accessor keeps.
     """
     return cache(partial(builder, *args, **kwargs))
 
