@@ -10,7 +10,6 @@ must not read the environment (only the commands do) nor touch a database.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
@@ -399,6 +398,8 @@ def check_options(given: Iterable[str], *, also: Iterable[str] = ()) -> None:
         return
     named = []
     for name in unknown:
+        import difflib  # a misspelt name only: not imported by a worker
+
         close = difflib.get_close_matches(name, candidates, n=1)
         named.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
     raise ConfigError(

@@ -16,7 +16,6 @@ the job row, not one Python call. ``stop`` has no equivalent: the job row's
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -604,6 +603,8 @@ def _wait_policy(kind: str, value: WaitPolicy | None) -> WaitPolicy:
 def _check_option_names(kind: str, options: Mapping[str, object]) -> None:
     for name in options:
         if name not in _OPTIONS:
+            import difflib  # a misspelt name only: not imported by a worker
+
             near = difflib.get_close_matches(name, _OPTIONS, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise ConfigError(

@@ -49,6 +49,7 @@ from sqlaq.encoding import check_duration, encode_value
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
 from sqlaq.lease import Lease
 from sqlaq.ops._citus import DISTRIBUTED, by_queue, tell_waiters
+from sqlaq.ops._common import on_first_use
 from sqlaq.queries import citus as citus_queries
 from sqlaq.schema import FINISH_CHANNEL, FINISHED_STATUSES, JobStatus
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
@@ -91,7 +92,7 @@ _NIL = Lease(0, UUID(int=0), UUID(int=0), 0, datetime.min)
 # statements in sqlaq.queries).
 _COMPLETE_RESULT = queries.complete_result_stmt(lease=_NIL, result_json="null")
 
-_CITUS_COMPLETE_RESULT = citus_queries.citus_complete_result_stmt()
+_citus_complete_result_stmt = on_first_use(citus_queries.citus_complete_result_stmt)
 _OUTCOME = queries.job_outcome_stmt(job_id=0)
 _WATCH = queries.watch_job_stmt(job_id=0)
 
@@ -199,7 +200,7 @@ def complete_with_result(
     stmt = _COMPLETE_RESULT
     if citus := (yield DISTRIBUTED):
         (queue,) = by_queue([lease], "complete_with_result")
-        stmt, params = _CITUS_COMPLETE_RESULT, params | {"b_queue": queue}
+        stmt, params = _citus_complete_result_stmt(), params | {"b_queue": queue}
     if (row := (yield stmt, params).first()) is not None:
         if citus and row.awaited:
             yield from tell_waiters([row.id])

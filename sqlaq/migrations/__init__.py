@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from sqlaq.errors import SchemaOutOfDateError
-from sqlaq.migrations.drift import Difference, SchemaDriftError, differences
 from sqlaq.queries import has_schema_revision_stmt, schema_revision_stmt
 from sqlaq.schema import (
     CLAIM_INDEX,
@@ -53,6 +52,8 @@ if TYPE_CHECKING:
     # worker's start-up, which only reads the schema's revision) does without it.
     from alembic.config import Config
 
+    from sqlaq.migrations.drift import Difference, SchemaDriftError, differences
+
 __all__ = [
     "BRANCH",
     "HEAD",
@@ -71,6 +72,25 @@ __all__ = [
     "upgrade",
     "upgrade_sql",
 ]
+
+#: The deep check's names, from :mod:`sqlaq.migrations.drift`: imported on first use (a
+#: worker's start-up check reads the revision only).
+_DRIFT = ("Difference", "SchemaDriftError", "differences")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DRIFT:
+        from sqlaq.migrations import drift
+
+        value = getattr(drift, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_DRIFT})
+
 
 #: The newest shipped revision: what this sqlaq needs. A test pins it to the head of the
 #: revision files, so it cannot drift from them.
@@ -212,8 +232,11 @@ def check(connection: Connection, *, deep: bool = False) -> str:
     head = head_revision()
     current = current_revision(connection)
     if current == head:
-        if deep and (found := differences(connection)):
-            raise SchemaDriftError(current, found)
+        if deep:
+            from sqlaq.migrations.drift import SchemaDriftError, differences
+
+            if found := differences(connection):
+                raise SchemaDriftError(current, found)
         return current
     if current is None:
         raise SchemaOutOfDateError(

@@ -22,7 +22,7 @@ from sqlaq.errors import ConfigError, InvalidJobError, shown
 from sqlaq.lease import Lease
 from sqlaq.limits import Rate, allowance
 from sqlaq.ops._citus import DISTRIBUTED, refuse
-from sqlaq.ops._common import _NIL, DEFAULT_LEASE, _check_positive
+from sqlaq.ops._common import _NIL, DEFAULT_LEASE, _check_positive, on_first_use
 from sqlaq.option import Weights
 from sqlaq.queries import FULL_CLAIM, ClaimPosition
 from sqlaq.queries import citus as citus_queries
@@ -32,8 +32,6 @@ from sqlaq.schema import (
 )
 
 _CLAIM = queries.claim_stmt(queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE)
-
-_CLAIM_KIND = queries.claim_stmt(queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, kind="_")
 
 _CLAIM_EXCLUDING = queries.claim_stmt(
     queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, exclude_kinds=["_"]
@@ -47,38 +45,48 @@ _CLAIM_BOUNDED_EXCLUDING = queries.claim_stmt(
     queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, exclude_kinds=["_"], bounded=True
 )
 
-_LOCK_KIND = queries.lock_kind_stmt(kind="_")
-
-_KIND_STATE = queries.kind_limit_state_stmt(kind="_", rate=None)
-
-_RECORD_STARTS = queries.record_starts_stmt(kind="_", rate=Rate(1, DEFAULT_LEASE), started=1)
-
-_KEY_RUNNING = queries.key_running_stmt(kind="_")
-
-_CLAIM_IDS = queries.claim_stmt(
-    queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, kind="_", ids=True
+# The forms of a limited kind's claim (sqlaq.claim_limited), the fair claim and Citus's:
+# built on first use (a plain worker takes none of them).
+_claim_kind_stmt = on_first_use(
+    queries.claim_stmt, queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, kind="_"
 )
 
-_KEYED_CANDIDATES = queries.keyed_candidates_stmt(ordered=False)
+_lock_kind_stmt = on_first_use(queries.lock_kind_stmt, kind="_")
 
-_CLAIM_FAIR = queries.fair_claim_stmt()
+_kind_state_stmt = on_first_use(queries.kind_limit_state_stmt, kind="_", rate=None)
 
-_CLAIM_FAIR_EXCLUDING = queries.fair_claim_stmt(exclude_kinds=True)
+_record_starts_stmt = on_first_use(
+    queries.record_starts_stmt, kind="_", rate=Rate(1, DEFAULT_LEASE), started=1
+)
 
-_ORDERED_CANDIDATES = queries.keyed_candidates_stmt(ordered=True)
+_key_running_stmt = on_first_use(queries.key_running_stmt, kind="_")
+
+_claim_ids_stmt = on_first_use(
+    queries.claim_stmt, queue="_", worker_id=_NIL, limit=1, lease=DEFAULT_LEASE, kind="_", ids=True
+)
+
+_keyed_candidates_stmt = on_first_use(queries.keyed_candidates_stmt, ordered=False)
+
+_claim_fair_stmt = on_first_use(queries.fair_claim_stmt)
+
+_claim_fair_excluding_stmt = on_first_use(queries.fair_claim_stmt, exclude_kinds=True)
+
+_ordered_candidates_stmt = on_first_use(queries.keyed_candidates_stmt, ordered=True)
 
 # The claims of a job table distributed on Citus (router statements, see
 # sqlaq.queries.citus): plain, excluding kinds, one kind's.
-_CITUS_CLAIM = citus_queries.citus_claim_stmt()
+_citus_claim_stmt = on_first_use(citus_queries.citus_claim_stmt)
 
-_CITUS_CLAIM_EXCLUDING = citus_queries.citus_claim_stmt(exclude_kinds=True)
+_citus_claim_excluding_stmt = on_first_use(citus_queries.citus_claim_stmt, exclude_kinds=True)
 
-_CITUS_CLAIM_KIND = citus_queries.citus_claim_stmt(kind=True)
+_citus_claim_kind_stmt = on_first_use(citus_queries.citus_claim_stmt, kind=True)
 
-_CITUS_CLAIM_IDS = citus_queries.citus_claim_stmt(kind=True, ids=True)
+_citus_claim_ids_stmt = on_first_use(citus_queries.citus_claim_stmt, kind=True, ids=True)
 
 # Strict order per key on Citus: within the queue (one shard's read).
-_CITUS_ORDERED_CANDIDATES = queries.keyed_candidates_stmt(ordered=True, per_queue=True)
+_citus_ordered_candidates_stmt = on_first_use(
+    queries.keyed_candidates_stmt, ordered=True, per_queue=True
+)
 
 
 @operation
@@ -128,7 +136,7 @@ def claim(
         if _narrows(where):
             stmt = _narrowed_claim(where, "citus-excluding" if kinds else "citus")
         else:
-            stmt = _CITUS_CLAIM_EXCLUDING if kinds else _CITUS_CLAIM
+            stmt = _citus_claim_excluding_stmt() if kinds else _citus_claim_stmt()
         claimed = yield stmt, params
         return _claimed(claimed.all(), worker_id, lease)
     params = queries.claim_params(
@@ -275,7 +283,7 @@ def claim_fair(
     if where is not None and not (isinstance(where, Sequence) and not where):
         stmt = _narrowed_claim(where, "fair-excluding" if kinds else "fair")
     else:
-        stmt = _CLAIM_FAIR_EXCLUDING if kinds else _CLAIM_FAIR
+        stmt = _claim_fair_excluding_stmt() if kinds else _claim_fair_stmt()
     claimed = yield stmt, params
     return _claimed(claimed.all(), worker_id, lease)
 
@@ -404,9 +412,9 @@ def claim_limited(
     if narrowed:
         stmt = _narrowed_claim(where, "citus-kind" if citus else "kind")
     else:
-        stmt = _CITUS_CLAIM_KIND if citus else _CLAIM_KIND
-    yield _LOCK_KIND, {"b_kind": kind}
-    state = yield _KIND_STATE, queries.kind_limit_state_params(kind=kind, rate=rate)
+        stmt = _citus_claim_kind_stmt() if citus else _claim_kind_stmt()
+    yield _lock_kind_stmt(), {"b_kind": kind}
+    state = yield _kind_state_stmt(), queries.kind_limit_state_params(kind=kind, rate=rate)
     running, recent, pivot, now = state.one()
     allowed = allowance(
         limit,
@@ -424,9 +432,9 @@ def claim_limited(
         if narrowed:
             select_ = _narrowed_claim(where, variant)
         elif ordered:
-            select_ = _CITUS_ORDERED_CANDIDATES if citus else _ORDERED_CANDIDATES
+            select_ = _citus_ordered_candidates_stmt() if citus else _ordered_candidates_stmt()
         else:
-            select_ = _KEYED_CANDIDATES
+            select_ = _keyed_candidates_stmt()
         picked, keys_full = yield from _pick_keyed(
             select_, kind=kind, queue=queue, wanted=allowed.count, cap=key_concurrency
         )
@@ -435,7 +443,7 @@ def claim_limited(
                 queue=queue, worker_id=worker_id, limit=len(picked), lease=lease,
                 token=uuid4().hex, kind=kind, ids=picked,
             )  # fmt: skip
-            jobs = _claimed((yield _CITUS_CLAIM_IDS, params).all(), worker_id, lease)
+            jobs = _claimed((yield _citus_claim_ids_stmt(), params).all(), worker_id, lease)
         elif picked:
             params = queries.claim_params(
                 queue=queue,
@@ -445,7 +453,7 @@ def claim_limited(
                 kind=kind,
                 ids=picked,
             )
-            jobs = _claimed((yield _CLAIM_IDS, params).all(), worker_id, lease)
+            jobs = _claimed((yield _claim_ids_stmt(), params).all(), worker_id, lease)
     elif allowed.count:
         if citus:
             params = citus_queries.citus_claim_params(
@@ -459,7 +467,10 @@ def claim_limited(
         claimed_rows = yield stmt, params
         jobs = _claimed(claimed_rows.all(), worker_id, lease)
     if rate is not None and jobs:
-        yield _RECORD_STARTS, queries.record_starts_params(kind=kind, rate=rate, started=len(jobs))
+        yield (
+            _record_starts_stmt(),
+            queries.record_starts_params(kind=kind, rate=rate, started=len(jobs)),
+        )
     if len(jobs) < allowed.count:
         # Nothing more is due, or the due jobs' keys are at their limit: a job of the
         # kind that ends (or the next poll) may free one.
@@ -478,7 +489,7 @@ def _pick_keyed(
     fewer than it read filled a key, so the next one leaves that key out: at most one
     round per key filled, plus one.
     """
-    rows = yield _KEY_RUNNING, {"b_kind": kind}
+    rows = yield _key_running_stmt(), {"b_kind": kind}
     room = {key: cap - running for key, running in rows.all()}
     full = sorted(key for key, left in room.items() if left <= 0)
     picked: list[int] = []

@@ -18,7 +18,7 @@ from sqlaq.encoding import (
 )
 from sqlaq.errors import ConfigError, InvalidJobError
 from sqlaq.ops._citus import DISTRIBUTED
-from sqlaq.ops._common import DEFAULT_LEASE
+from sqlaq.ops._common import DEFAULT_LEASE, on_first_use
 from sqlaq.ops._links import check_after, check_policy, link, mark_parents
 from sqlaq.queries import citus as citus_queries
 from sqlaq.queries.columns import copy_row
@@ -41,21 +41,27 @@ _ENQUEUE = queries.enqueue_stmt(job=NewJob("_"))
 _ENQUEUE_DEDUPE = queries.enqueue_stmt(job=NewJob("_", dedupe_key="_"))
 
 # On Citus: ON CONFLICT names the per-queue dedupe index; the twin is looked up in the
-# job's queue.
-_CITUS_ENQUEUE_DEDUPE = queries.enqueue_stmt(job=NewJob("_", dedupe_key="_"), per_queue=True)
-
-_CITUS_FIND_TWIN = citus_queries.citus_find_pending_duplicate_stmt()
-
-_CITUS_ENQUEUE_DEBOUNCE = queries.debounce_enqueue_stmt(
-    job=NewJob("_"), debounce_key="_", debounce=DEFAULT_LEASE, per_queue=True
+# job's queue. These, debounce's and unique_for's are built on first use.
+_citus_enqueue_dedupe_stmt = on_first_use(
+    queries.enqueue_stmt, job=NewJob("_", dedupe_key="_"), per_queue=True
 )
 
-_ENQUEUE_DEBOUNCE = queries.debounce_enqueue_stmt(
-    job=NewJob("_"), debounce_key="_", debounce=DEFAULT_LEASE
+_citus_find_twin_stmt = on_first_use(citus_queries.citus_find_pending_duplicate_stmt)
+
+_citus_enqueue_debounce_stmt = on_first_use(
+    queries.debounce_enqueue_stmt,
+    job=NewJob("_"),
+    debounce_key="_",
+    debounce=DEFAULT_LEASE,
+    per_queue=True,
 )
 
-_ENQUEUE_UNIQUE = queries.unique_enqueue_stmt(
-    job=NewJob("_", dedupe_key="_"), unique_for=DEFAULT_LEASE
+_enqueue_debounce_stmt = on_first_use(
+    queries.debounce_enqueue_stmt, job=NewJob("_"), debounce_key="_", debounce=DEFAULT_LEASE
+)
+
+_enqueue_unique_stmt = on_first_use(
+    queries.unique_enqueue_stmt, job=NewJob("_", dedupe_key="_"), unique_for=DEFAULT_LEASE
 )
 
 
@@ -163,7 +169,7 @@ def enqueue(
     params = queries.enqueue_params(job, headers=tracing.capture())
     if debounced:
         params |= {"b_debounce_key": debounce_key, "b_debounce": debounce, "b_max_wait": max_wait}
-        upsert = _CITUS_ENQUEUE_DEBOUNCE if citus else _ENQUEUE_DEBOUNCE
+        upsert = _citus_enqueue_debounce_stmt() if citus else _enqueue_debounce_stmt()
         job_id, updated = (yield upsert, params).one()
         return EnqueueResult(
             job_id, outcome=EnqueueOutcome.DEBOUNCED if updated else EnqueueOutcome.INSERTED
@@ -176,7 +182,7 @@ def enqueue(
     if unique_for is not None:
         return (yield from _enqueue_unique(job.kind, job.dedupe_key, params, unique_for))
     for _ in range(_DEDUPE_ROUNDS):
-        inserted = yield (_CITUS_ENQUEUE_DEDUPE if citus else _ENQUEUE_DEDUPE), params
+        inserted = yield (_citus_enqueue_dedupe_stmt() if citus else _ENQUEUE_DEDUPE), params
         job_id = inserted.scalar_one_or_none()
         if job_id is not None:
             if citus:
@@ -184,7 +190,7 @@ def enqueue(
             return EnqueueResult(job_id)
         if citus:
             find, values = (
-                _CITUS_FIND_TWIN,
+                _citus_find_twin_stmt(),
                 {"b_queue": job.queue, "b_kind": job.kind, "b_dedupe_key": job.dedupe_key},
             )
         else:
@@ -281,7 +287,7 @@ def _enqueue_unique(
     :func:`sqlaq.queries.unique_enqueue_stmt`)."""
     params["b_unique_for"] = unique_for
     for _ in range(_DEDUPE_ROUNDS):
-        taken, inserted = (yield _ENQUEUE_UNIQUE, params).one()
+        taken, inserted = (yield _enqueue_unique_stmt(), params).one()
         if inserted is not None:
             return EnqueueResult(inserted)
         if taken is None:  # held: this transaction now waits on nobody for the row

@@ -16,7 +16,7 @@ from sqlaq.encoding import (
 )
 from sqlaq.errors import ConfigError, shown
 from sqlaq.ops._citus import DISTRIBUTED, tell_waiters
-from sqlaq.ops._common import DEFAULT_PRUNE_BATCH, _check_positive, _ids
+from sqlaq.ops._common import DEFAULT_PRUNE_BATCH, _check_positive, _ids, on_first_use
 from sqlaq.queries import citus as citus_queries
 from sqlaq.records import PruneResult, RetryResult, SkippedRetry
 from sqlaq.schema import (
@@ -54,7 +54,7 @@ def retry(job_ids: int | Iterable[int]) -> Plan[RetryResult]:
         return RetryResult()
     if (yield DISTRIBUTED):
         # Queue by queue: find each job's queue (every shard, no lock), then retry.
-        found = yield _CITUS_LOCATE_FINISHED, {"b_ids": ids}
+        found = yield _citus_locate_finished_stmt(), {"b_ids": ids}
         by_queue: dict[str, list[int]] = {}
         for job_id, queue in found.all():
             by_queue.setdefault(queue, []).append(job_id)
@@ -156,7 +156,7 @@ def _citus_cancel(ids: list[int]) -> Plan[list[int]]:
     running: list[str] = []
     awaited: list[int] = []
     for queue, queued_ids in by_queue.items():
-        rows = yield _CITUS_CANCEL, {"b_queue": queue, "b_ids": queued_ids}
+        rows = yield _citus_cancel_stmt(), {"b_queue": queue, "b_ids": queued_ids}
         for job_id, was, waited_for in rows.all():
             cancelled.append(job_id)
             if was == JobStatus.RUNNING:
@@ -164,7 +164,7 @@ def _citus_cancel(ids: list[int]) -> Plan[list[int]]:
             if waited_for:
                 awaited.append(job_id)
     if running:
-        (yield _CITUS_NOTIFY_CANCEL, {"b_ids": running}).all()
+        (yield _citus_notify_cancel_stmt(), {"b_ids": running}).all()
     yield from tell_waiters(awaited)
     return sorted(cancelled)
 
@@ -195,7 +195,7 @@ def sweep(*, limit: int = DEFAULT_PRUNE_BATCH) -> Plan[int]:
     _check_positive("limit", limit)
     if (yield DISTRIBUTED):
         found = yield citus_queries.citus_expired_stmt(), {"b_limit": limit}
-        swept = yield from _per_queue(found.all(), _CITUS_SWEEP, {})
+        swept = yield from _per_queue(found.all(), _citus_sweep_stmt(), {})
         yield from tell_waiters([r.id for r in swept if r.awaited and r.status == "failed"])
         return len(swept)
     return len((yield queries.sweep_stmt(limit=limit), None).all())
@@ -215,15 +215,15 @@ def _per_queue(found: Any, stmt: Any, params: dict[str, Any]) -> Plan[list[Any]]
 
 
 # On Citus (sqlaq_jobs distributed by queue): one queue at a time.
-_CITUS_CANCEL = citus_queries.citus_cancel_stmt()
+_citus_cancel_stmt = on_first_use(citus_queries.citus_cancel_stmt)
 
-_CITUS_LOCATE_FINISHED = citus_queries.citus_locate_stmt(pending=False)
+_citus_locate_finished_stmt = on_first_use(citus_queries.citus_locate_stmt, pending=False)
 
-_CITUS_NOTIFY_CANCEL = citus_queries.citus_notify_cancel_stmt()
+_citus_notify_cancel_stmt = on_first_use(citus_queries.citus_notify_cancel_stmt)
 
-_CITUS_SWEEP = citus_queries.citus_sweep_stmt()
+_citus_sweep_stmt = on_first_use(citus_queries.citus_sweep_stmt)
 
-_CITUS_PRUNE = citus_queries.citus_prune_stmt()
+_citus_prune_stmt = on_first_use(citus_queries.citus_prune_stmt)
 
 # A reference committed after a prune's snapshot can still fail its foreign-key check
 # (which looks at the latest rows); the batch is then tried again, this many times.
@@ -304,7 +304,7 @@ def prune(
         # No host foreign key references a distributed table: nothing to spare.
         which = {"b_older_than": older_than, "b_statuses": sorted(wanted)}
         found = yield citus_queries.citus_prunable_stmt(), which | {"b_limit": limit}
-        return PruneResult(len((yield from _per_queue(found.all(), _CITUS_PRUNE, which))))
+        return PruneResult(len((yield from _per_queue(found.all(), _citus_prune_stmt(), which))))
     keys = yield queries.blocking_references_stmt(), None
     spare = [queries.Reference(*row) for row in keys]
     stmt = queries.prune_stmt(older_than=older_than, statuses=wanted, limit=limit, spare=spare)

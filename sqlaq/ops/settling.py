@@ -5,7 +5,7 @@ back), each fenced: a lost lease changes nothing.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,7 +18,7 @@ from sqlaq.encoding import (
 from sqlaq.errors import ConfigError
 from sqlaq.lease import Lease
 from sqlaq.ops._citus import DISTRIBUTED, by_queue, tell_waiters
-from sqlaq.ops._common import _NIL_LEASE, DEFAULT_LEASE, _as_leases, _check_lost
+from sqlaq.ops._common import _NIL_LEASE, DEFAULT_LEASE, _as_leases, _check_lost, on_first_use
 from sqlaq.queries import citus as citus_queries
 from sqlaq.schema import (
     JobStatus,
@@ -37,16 +37,17 @@ _HANDBACK = queries.handback_stmt(leases=[])
 
 _SNOOZE = queries.snooze_stmt(leases=[], delay=timedelta(0))
 
-# On Citus (sqlaq_jobs distributed by queue): the same, for the leases of one queue.
-_CITUS_EXTEND = citus_queries.citus_extend_lease_stmt()
+# On Citus (sqlaq_jobs distributed by queue): the same, for the leases of one queue;
+# built on first use.
+_citus_extend_stmt = on_first_use(citus_queries.citus_extend_lease_stmt)
 
-_CITUS_COMPLETE = citus_queries.citus_complete_stmt()
+_citus_complete_stmt = on_first_use(citus_queries.citus_complete_stmt)
 
-_CITUS_FAIL = citus_queries.citus_fail_stmt()
+_citus_fail_stmt = on_first_use(citus_queries.citus_fail_stmt)
 
-_CITUS_HANDBACK = citus_queries.citus_handback_stmt()
+_citus_handback_stmt = on_first_use(citus_queries.citus_handback_stmt)
 
-_CITUS_SNOOZE = citus_queries.citus_snooze_stmt()
+_citus_snooze_stmt = on_first_use(citus_queries.citus_snooze_stmt)
 
 
 @operation
@@ -97,7 +98,7 @@ def _extend(held: list[Lease], length: timedelta, raise_on_lost: bool) -> Plan[l
     if (yield DISTRIBUTED):
         for queue, group in by_queue(held, "extend_lease").items():
             params = queries.fence_params(group) | {"b_lease": length, "b_queue": queue}
-            ends.update((yield _CITUS_EXTEND, params).all())
+            ends.update((yield _citus_extend_stmt(), params).all())
     else:
         params = queries.fence_params(held) | {"b_lease": length}
         extended = yield _EXTEND, params
@@ -122,7 +123,9 @@ def complete(leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True) -> 
             the call were marked done all the same.
     """
     return (
-        yield from _fenced(_COMPLETE, leases, raise_on_lost, citus=_CITUS_COMPLETE, finishes=True)
+        yield from _fenced(
+            _COMPLETE, leases, raise_on_lost, citus=_citus_complete_stmt, finishes=True
+        )
     )
 
 
@@ -132,14 +135,15 @@ def _fenced(
     raise_on_lost: bool,
     params: Mapping[str, Any] | None = None,
     *,
-    citus: Any,
+    citus: Callable[[], Any],
     notify: bool = False,
     finishes: bool = False,
 ) -> Plan[list[int]]:
     """Run a fenced statement that returns the ids it changed, over *leases*; on Citus,
-    *citus* (its router shape) once per queue, with *notify* a wake-up of the queues
-    whose jobs it changed (a statement of its own, on the coordinator), and with
-    *finishes* (*citus* returns ``id, awaited``) the waiters of the awaited ones told."""
+    the statement *citus* gives (its router shape, built on first use) once per queue,
+    with *notify* a wake-up of the queues whose jobs it changed (a statement of its own,
+    on the coordinator), and with *finishes* (its statement returns ``id, awaited``) the
+    waiters of the awaited ones told."""
     held = _as_leases(leases)
     if not held:
         return []
@@ -149,7 +153,7 @@ def _fenced(
         awaited: list[int] = []
         for queue, group in by_queue(held, "a fenced update").items():
             values = queries.fence_params(group) | dict(params or {}) | {"b_queue": queue}
-            rows = (yield citus, values).all()
+            rows = (yield citus(), values).all()
             ids = {row[0] for row in rows}
             changed |= ids
             if finishes:
@@ -196,7 +200,7 @@ def fail(
     params = queries.fail_params(lease=lease, error=error, retry_in=retry_in)
     if (yield DISTRIBUTED):
         (queue,) = by_queue([lease], "fail")
-        row = (yield _CITUS_FAIL, params | {"b_queue": queue}).first()
+        row = (yield _citus_fail_stmt(), params | {"b_queue": queue}).first()
         if row is not None and row.awaited and row.status == JobStatus.FAILED:
             yield from tell_waiters([row.id])
     else:
@@ -244,7 +248,9 @@ def snooze(
         check_duration("delay", delay)  # raises, naming what was wrong
     delay = clamp_duration(delay)
     return (
-        yield from _fenced(_SNOOZE, leases, raise_on_lost, {"b_delay": delay}, citus=_CITUS_SNOOZE)
+        yield from _fenced(
+            _SNOOZE, leases, raise_on_lost, {"b_delay": delay}, citus=_citus_snooze_stmt
+        )
     )
 
 
@@ -266,5 +272,7 @@ def handback(leases: Lease | Iterable[Lease], *, raise_on_lost: bool = True) -> 
             the call were handed back all the same.
     """
     return (
-        yield from _fenced(_HANDBACK, leases, raise_on_lost, citus=_CITUS_HANDBACK, notify=True)
+        yield from _fenced(
+            _HANDBACK, leases, raise_on_lost, citus=_citus_handback_stmt, notify=True
+        )
     )

@@ -52,17 +52,19 @@ from sqlaq.queries import ClaimPosition
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from sqlaq.worker.processes import ProcessPool
 from sqlaq.maintenance import Maintenance, direct_engine
 from sqlaq.outcome import Outcome, Verdict, decide
 from sqlaq.registry import Registry
 from sqlaq.schema import CANCEL_CHANNEL, CHANNEL, RELEASE_CHANNEL
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
-from sqlaq.worker import pool, processes
+from sqlaq.worker import pool
 from sqlaq.worker.fetcher import Fetcher, parse_wake
 from sqlaq.worker.leases import Leases
 from sqlaq.worker.listener import Listener, Waker, connection_params
 from sqlaq.worker.pacing import Pace
-from sqlaq.worker.run import Finished, JobResult, Run, timed_out
+from sqlaq.worker.run import Finished, JobResult, Run, in_a_process, timed_out
 from sqlaq.worker.runner import Runner
 from sqlaq.worker.startup import schema_mismatch, start_check
 from sqlaq.worker.transaction import Sessions
@@ -151,7 +153,7 @@ class Worker:
             check_options(options, also=_KEYWORDS)
             config = WorkerConfig.from_options(config, **options)
         # Before anything is started: a handler that cannot reach a child is refused.
-        self._processes = processes.for_worker(registry, config)
+        self._processes = _process_pool(registry, config)
         self.config = config
         self._own_engine = not isinstance(engine, Engine)
         engine = sync_engine(engine, pool.sized(config, registry))
@@ -812,6 +814,18 @@ class Worker:
 #: A statement's failure: the driver's, or sqlaq's translation of a missing table or
 #: column (:func:`sqlaq.drive.schema_error`).
 _DATABASE_ERRORS = (sa_exc.DBAPIError, psycopg.Error, SchemaOutOfDateError)
+
+
+def _process_pool(registry: Registry, config: WorkerConfig) -> ProcessPool | None:
+    """The process executor's pool of a worker (:func:`sqlaq.worker.processes.for_worker`);
+    None, without importing it (nor ``multiprocessing``), when no handler runs in a
+    child process."""
+    if not any(in_a_process(h, config.executor) for h in registry):
+        return None
+    from sqlaq.worker import processes
+
+    return processes.for_worker(registry, config)
+
 
 #: The Worker's keyword arguments besides its options (for the did-you-mean of an
 #: unknown one).

@@ -81,7 +81,7 @@ from sqlaq.errors import ConfigError, HandlerProcessDied
 from sqlaq.lease import Lease
 from sqlaq.outcome import CANCELLED, Outcome, Verdict, decide, describe_error
 from sqlaq.registry import Handler
-from sqlaq.worker.run import Finished, Run, timed_out
+from sqlaq.worker.run import Finished, Run, in_a_process, timed_out
 
 __all__ = [
     "ProcessPool",
@@ -116,15 +116,6 @@ PIPELINE_JOBS = 1
 #: The most bytes of messages sent to a child that is still running a job (with the
 #: one it runs): they fit a pipe's buffer, so the worker never blocks on a busy child.
 PIPELINE_BYTES = 4096
-
-
-def in_a_process(handler: Handler, executor: str) -> bool:
-    """Whether *handler* runs in a child process in a worker whose ``executor`` is
-    *executor*: its own ``executor`` if it has one, else the worker's; never an
-    ``async`` or a transactional handler (the registry refuses them the option)."""
-    if handler.is_async or handler.transaction:
-        return False
-    return (handler.executor or executor) == "process"
 
 
 def for_worker(registry: Iterable[Handler], config: WorkerConfig) -> ProcessPool | None:

@@ -25,7 +25,17 @@ from sqlaq.outcome import Outcome, Verdict
 from sqlaq.registry import Handler
 from sqlaq.schema import JobStatus
 
-__all__ = ["Finished", "JobResult", "Run", "bounded", "timed_out"]
+__all__ = ["Finished", "JobResult", "Run", "bounded", "in_a_process", "timed_out"]
+
+
+def in_a_process(handler: Handler, executor: str) -> bool:
+    """Whether *handler* runs in a child process in a worker whose ``executor`` is
+    *executor*: its own ``executor`` if it has one, else the worker's; never an
+    ``async`` or a transactional handler (the registry refuses them the option)."""
+    if handler.is_async or handler.transaction:
+        return False
+    return (handler.executor or executor) == "process"
+
 
 #: Characters of an error's first line put in a log line.
 LOG_ERROR_LENGTH = 200

@@ -24,14 +24,17 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from time import monotonic, perf_counter
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from sqlaq import tracing
 from sqlaq.context import bind, unbind
 from sqlaq.outcome import CANCELLED, decide
 from sqlaq.worker import transaction
-from sqlaq.worker.processes import ProcessPool
 from sqlaq.worker.run import Finished, Run, bounded, timed_out
+
+if TYPE_CHECKING:
+    from sqlaq.worker.processes import ProcessPool
 
 __all__ = ["Runner"]
 

@@ -28,6 +28,14 @@ NOT_IN_A_WORKER = (
     "alembic",
     "opentelemetry.trace",
     "opentelemetry.context",
+    # the process executor (and multiprocessing): imported by a worker with a handler
+    # that runs in a child process only
+    "sqlaq.worker.processes",
+    "multiprocessing",
+    # the did-you-mean of a misspelt option
+    "difflib",
+    # the deep schema check (sqlaq-admin check --deep): a worker checks the revision
+    "sqlaq.migrations.drift",
 )
 
 
@@ -117,3 +125,49 @@ def test_the_lazy_table_and_the_type_checkers_imports_agree() -> None:
     assert typed == lazy
     assert not eager & lazy
     assert eager | lazy == set(sqlaq.__all__)
+
+
+def test_a_worker_with_a_process_handler_imports_the_process_executor() -> None:
+    # The other side of NOT_IN_A_WORKER's process executor: it is imported when needed.
+    loaded = _modules_after(
+        "import sqlaq, sqlaq.worker.core as core\n"
+        "from sqlaq.config import WorkerConfig\n"
+        "registry = sqlaq.Registry()\n"
+        "registry.handler('t', executor='process')(print)\n"
+        "assert core._process_pool(registry, WorkerConfig(executor='thread')) is not None\n"
+    )
+    assert "sqlaq.worker.processes" in loaded
+
+
+def test_a_worker_builds_none_of_the_statements_kept_for_first_use() -> None:
+    # The statements of paths a plain worker never takes (sqlaq.ops._common.on_first_use:
+    # Citus's, the fair and limited claims, debounce, unique_for) are not built at
+    # import; each is built once, at its first use.
+    code = (
+        "import functools, sys, sqlaq.cli, sqlaq.worker\n"
+        "lazy = {f'{m.__name__}.{n}': v for m in list(sys.modules.values())\n"
+        "        if m.__name__.startswith('sqlaq.') for n, v in vars(m).items()\n"
+        "        if isinstance(v, functools._lru_cache_wrapper)\n"
+        "        and isinstance(v.__wrapped__, functools.partial)}\n"
+        "built = sorted(n for n, v in lazy.items() if v.cache_info().currsize)\n"
+        "assert not built, built\n"
+        "assert {f'sqlaq.ops.{n}' for n in ('claiming._claim_fair_stmt',\n"
+        "    'claiming._citus_claim_stmt', 'settling._citus_complete_stmt',\n"
+        "    'enqueuing._enqueue_debounce_stmt', 'retention._citus_sweep_stmt')} <= set(lazy)\n"
+        "for name, accessor in lazy.items():\n"
+        "    assert accessor() is accessor(), name\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_deep_checks_names_resolve_on_first_use() -> None:
+    loaded = _modules_after(
+        "import sys, sqlaq.migrations as m\n"
+        "assert 'sqlaq.migrations.drift' not in sys.modules\n"
+        "assert {'Difference', 'SchemaDriftError', 'differences'} <= set(dir(m))\n"
+        "from sqlaq.migrations import SchemaDriftError\n"
+        "from sqlaq.migrations.drift import SchemaDriftError as defined, differences\n"
+        "assert SchemaDriftError is defined and m.differences is differences\n"
+        "assert not hasattr(m, 'differencse')"
+    )
+    assert "sqlaq.migrations.drift" in loaded
