@@ -14,7 +14,10 @@ package's namespace holds them all (``sqlaq.queries.claim_stmt``)::
 * :mod:`~sqlaq.queries.columns`: the job's columns, one table every INSERT is built from;
 * :mod:`~sqlaq.queries.enqueue`: new jobs (one, many, uniform batches, COPY; dedupe,
   debounce, ``unique_for``);
-* :mod:`~sqlaq.queries.claim`: claims, and the lock, limits and rate log of limited kinds;
+* :mod:`~sqlaq.queries.claim`: claims (plain and bounded), the first due job, ``where=``;
+* :mod:`~sqlaq.queries.limited`: the lock, limits, rate log and keyed candidates of limited
+  kinds;
+* :mod:`~sqlaq.queries.fair`: the fair claim, shared between a queue's keys;
 * :mod:`~sqlaq.queries.settle`: what a lease's holder writes (extend, complete, fail,
   snooze, hand back);
 * :mod:`~sqlaq.queries.retention`: retry, cancel, prune, sweep;
@@ -71,18 +74,8 @@ from sqlaq.queries.claim import (
     ClaimPosition,
     claim_params,
     claim_stmt,
-    fair_claim_params,
-    fair_claim_stmt,
     first_due_params,
     first_due_stmt,
-    key_running_stmt,
-    keyed_candidates_params,
-    keyed_candidates_stmt,
-    kind_limit_state_params,
-    kind_limit_state_stmt,
-    lock_kind_stmt,
-    record_starts_params,
-    record_starts_stmt,
     relaxed_commit_stmt,
     where_check_stmt,
     where_text,
@@ -126,6 +119,7 @@ from sqlaq.queries.enqueue import (
     unique_enqueue_stmt,
     unique_holder_stmt,
 )
+from sqlaq.queries.fair import fair_claim_params, fair_claim_stmt
 from sqlaq.queries.inspect import (
     count_jobs_stmt,
     dedupe_twin_stmt,
@@ -150,6 +144,16 @@ from sqlaq.queries.leader import (
     try_lead_stmt,
     vacuum_need_stmt,
     vacuum_stmt,
+)
+from sqlaq.queries.limited import (
+    key_running_stmt,
+    keyed_candidates_params,
+    keyed_candidates_stmt,
+    kind_limit_state_params,
+    kind_limit_state_stmt,
+    lock_kind_stmt,
+    record_starts_params,
+    record_starts_stmt,
 )
 from sqlaq.queries.operators import (
     forget_worker_stmt,

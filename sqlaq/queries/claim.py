@@ -1,9 +1,15 @@
-"""Claim: taking due jobs under a lease, and the per-kind lock, limit state and rate
-log of limited kinds."""
+"""Claim: taking due jobs under a lease (the plain and the bounded claim), the first job
+a claim would take, the ``where=`` clauses that narrow a claim, and the relaxed commit
+of a claim's transaction.
+
+The lock, limit state, rate log and keyed candidates of limited kinds are
+:mod:`sqlaq.queries.limited`'s; the fair claim across a queue's keys is
+:mod:`sqlaq.queries.fair`'s. Both build on this module (the claim's UPDATE, the
+``where=`` check); it imports neither."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -14,10 +20,8 @@ from sqlalchemy import (
     ClauseElement,
     ColumnElement,
     FromClause,
-    Insert,
     Integer,
     Interval,
-    Numeric,
     Select,
     Text,
     Update,
@@ -28,37 +32,30 @@ from sqlalchemy import (
     func,
     literal_column,
     null,
-    or_,
     select,
     text,
     tuple_,
     type_coerce,
-    union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP, insert
+from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
-from sqlalchemy.sql.elements import Grouping
 
 from sqlaq.errors import ConfigError
-from sqlaq.limits import Rate
 from sqlaq.queries._common import (
     _IDS,
     _NOW,
     _PENDING,
     _RUNNING,
     _expired_error,
-    _key_rows,
     _status,
     c,
 )
 from sqlaq.queries.columns import CLAIM_COLUMNS
 from sqlaq.schema import (
-    KIND_LOCK_CLASS,
     JobStatus,
     jobs,
     paused_queues,
-    rates,
 )
 
 
@@ -451,398 +448,3 @@ def relaxed_commit_stmt() -> Select[Any]:
             literal_column("true", Boolean),
         )
     )
-
-
-def lock_kind_stmt(*, kind: str) -> Select[Any]:
-    """Take the claim lock of a limited *kind* until the transaction ends.
-
-    Renders ``SELECT pg_advisory_xact_lock(<KIND_LOCK_CLASS>, hashtext(:b_kind))``. Run
-    it first, in its own statement: the statements after it then see every claim
-    committed by the lock's previous holder (each statement of a READ COMMITTED
-    transaction takes a fresh snapshot; a lock taken inside a statement would not).
-    Two kinds whose names hash alike share a lock, which only makes them take turns.
-    """
-    key = func.hashtext(bindparam("b_kind", kind, Text))
-    return select(func.pg_advisory_xact_lock(literal_column(str(KIND_LOCK_CLASS), Integer), key))
-
-
-def kind_limit_state_params(*, kind: str, rate: Rate | None) -> dict[str, Any]:
-    """The bind values of :func:`kind_limit_state_stmt`."""
-    return {
-        "b_kind": kind,
-        "b_period": rate.period if rate else timedelta(0),
-        "b_count": rate.count if rate else 1,
-    }
-
-
-def kind_limit_state_stmt(*, kind: str, rate: Rate | None) -> Select[Any]:
-    """Select what a limited claim of *kind* needs: ``running, recent, pivot, now``.
-
-    * ``running``: the kind's live leases (running rows whose lease has not expired; an
-      expired one is claimable again, so it no longer holds a slot), counted through
-      the running index.
-    * ``recent``: how many starts of the kind's log (``sqlaq_rates``) count against
-      *rate* now: those less than a period old, and any later than ``now()`` (written
-      by a transaction that started after this one but took the lock first).
-    * ``pivot``: the start that must leave the window before one more may start once
-      the log is full: the ``count``-th newest counted start, else the oldest one (NULL
-      when none counts).
-    * ``now``: the transaction's clock, to which new starts are written.
-
-    The log stays in the database: only two numbers and a timestamp come back.
-    """
-    v = kind_limit_state_params(kind=kind, rate=rate)
-    kind_ = bindparam("b_kind", v["b_kind"], Text)
-    running = (
-        select(func.count())
-        .select_from(jobs)
-        .where(_RUNNING, c.kind == kind_, c.run_at > _NOW)
-        .scalar_subquery()
-    )
-    start = _counted_starts(bindparam("b_period", v["b_period"], Interval), kind_)
-    recent = select(func.count()).select_from(start).scalar_subquery()
-    kth_newest = (
-        select(start.c.s)
-        .order_by(start.c.s.desc())
-        .offset(bindparam("b_count", v["b_count"], Integer) - literal_column("1", Integer))
-        .limit(1)
-        .scalar_subquery()
-    )
-    oldest = select(func.min(start.c.s)).scalar_subquery()
-    return select(
-        running.label("running"),
-        recent.label("recent"),
-        func.coalesce(kth_newest, oldest).label("pivot"),
-        _NOW.label("now"),
-    )
-
-
-def _counted_starts(period: ColumnElement[Any], kind: ColumnElement[str]) -> Any:
-    """``SELECT s FROM sqlaq_rates, unnest(starts) AS s WHERE kind = :kind AND s > now() -
-    :period``, as a subquery with column ``s``."""
-    s = func.unnest(rates.c.starts).table_valued("s").render_derived(name="start")
-    return (
-        select(s.c.s)
-        .select_from(rates)
-        .join(s, literal_column("true", Boolean))
-        .where(rates.c.kind == kind, s.c.s > _NOW - period)
-        .subquery("counted")
-    )
-
-
-def record_starts_params(*, kind: str, rate: Rate, started: int) -> dict[str, Any]:
-    """The bind values of :func:`record_starts_stmt`."""
-    return {"b_kind": kind, "b_period": rate.period, "b_count": rate.count, "b_started": started}
-
-
-def record_starts_stmt(*, kind: str, rate: Rate, started: int) -> Insert:
-    """Log *started* new starts of *kind* at ``now()``, keeping only the starts that
-    still count and at most the rate's count of them (the newest).
-
-    Renders ``INSERT INTO sqlaq_rates (kind, starts) VALUES (:b_kind, <new starts>) ON
-    CONFLICT (kind) DO UPDATE SET starts = ARRAY(SELECT s FROM (<counted old starts>
-    UNION ALL <new starts>) ORDER BY s DESC LIMIT :b_count)``. The caller holds the
-    kind's claim lock, so no one else writes the row meanwhile; the array never leaves
-    the database.
-    """
-    v = record_starts_params(kind=kind, rate=rate, started=started)
-    new = select(_NOW.label("s")).select_from(
-        func.generate_series(
-            literal_column("1", Integer), bindparam("b_started", v["b_started"], Integer)
-        )
-    )
-    count = bindparam("b_count", v["b_count"], Integer)
-    stmt = insert(rates).values(
-        kind=bindparam("b_kind", v["b_kind"], Text),
-        starts=func.array(new.limit(count).scalar_subquery()),
-    )
-    old = func.unnest(rates.c.starts).table_valued("s").render_derived(name="old")
-    period = bindparam("b_period", v["b_period"], Interval)
-    kept = select(old.c.s).where(old.c.s > _NOW - period).union_all(new).subquery("kept")
-    merged = select(kept.c.s).order_by(kept.c.s.desc()).limit(count).scalar_subquery()
-    return stmt.on_conflict_do_update(
-        index_elements=[rates.c.kind], set_={"starts": func.array(merged)}
-    )
-
-
-def key_running_stmt(*, kind: str) -> Select[Any]:
-    """Select the live leases of a keyed *kind*, per key: ``key, running``.
-
-    Renders ``SELECT key, count(*) AS running FROM sqlaq_jobs WHERE status = 'running'
-    AND kind = :b_kind AND run_at > now() AND key IS NOT NULL GROUP BY key``, through the
-    running index (running rows only: a handful, whatever the backlog). A running job
-    whose lease expired holds no slot of its key: it is due again, like any other.
-    """
-    return (
-        select(c.key, func.count().label("running"))
-        .where(_RUNNING, c.kind == bindparam("b_kind", kind, Text), c.run_at > _NOW)
-        .where(c.key.is_not(None))
-        .group_by(c.key)
-    )
-
-
-def keyed_candidates_params(
-    *, queue: str, kind: str, limit: int, full_keys: Sequence[str], picked: Sequence[int]
-) -> dict[str, Any]:
-    """The bind values of :func:`keyed_candidates_stmt`."""
-    return {
-        "b_queue": queue,
-        "b_kind": kind,
-        "b_limit": limit,
-        "b_full_keys": list(full_keys),
-        "b_picked": list(picked),
-    }
-
-
-def keyed_candidates_stmt(
-    *,
-    ordered: bool,
-    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
-    per_queue: bool = False,
-) -> Select[Any]:
-    """Select ``id, key`` of up to ``b_limit`` due jobs of a keyed kind, in claim order,
-    leaving out the keys at their limit and the jobs already picked.
-
-    Renders::
-
-        SELECT id, key FROM sqlaq_jobs
-        WHERE status IN ('queued', 'running') AND queue = :b_queue AND run_at <= now()
-          AND NOT EXISTS (<the queue is paused>) AND kind = :b_kind
-          AND (key IS NULL OR key <> ALL(:b_full_keys)) AND id <> ALL(:b_picked)
-          [AND (key IS NULL OR NOT EXISTS (SELECT FROM sqlaq_jobs AS earlier
-                WHERE earlier.kind = sqlaq_jobs.kind AND earlier.key = sqlaq_jobs.key
-                  AND earlier.id < sqlaq_jobs.id AND <KEY_SQL>))]
-        ORDER BY priority DESC, run_at, id LIMIT :b_limit
-
-    With *ordered* (strict order per key), only the first job of its key is a
-    candidate: no earlier job of the kind and key may be queued (due or not: a job
-    waiting for its retry holds the line), running, or failed (see
-    :mod:`sqlaq.ops.claiming`); the key index answers in one probe. It locks nothing:
-    it runs under the kind's claim lock (:func:`lock_kind_stmt`), and the claim by ids
-    (:func:`claim_stmt` with *ids*) locks what it takes. *where* narrows it as
-    :func:`claim_stmt`'s does.
-
-    *per_queue* (a job table distributed on Citus by queue): the earlier jobs looked for
-    are those of the same queue (``AND earlier.queue = :b_queue``), so the statement reads
-    one shard; the order per key holds within a queue.
-    """
-    queue_ = bindparam("b_queue", "_", Text)
-    kind_ = bindparam("b_kind", "_", Text)
-    clauses: list[ColumnElement[bool]] = [
-        _PENDING,
-        c.queue == queue_,
-        c.run_at <= _NOW,
-        ~exists().where(paused_queues.c.queue == queue_),
-        c.kind == kind_,
-        or_(c.key.is_(None), c.key != func.all(bindparam("b_full_keys", [], ARRAY(Text)))),
-        c.id != func.all(bindparam("b_picked", [], _IDS)),
-    ]
-    if ordered:
-        earlier = jobs.alias("earlier")
-        clauses.append(
-            or_(
-                c.key.is_(None),
-                ~exists().where(
-                    *([earlier.c.queue == queue_] if per_queue else []),
-                    earlier.c.kind == c.kind,
-                    earlier.c.key == c.key,
-                    earlier.c.id < c.id,
-                    _key_rows(earlier),
-                ),
-            )
-        )
-    return (
-        select(c.id, c.key)
-        .where(*clauses, *_where_clauses(where))
-        .order_by(c.priority.desc(), c.run_at, c.id)
-        .limit(bindparam("b_limit", 1, Integer))
-    )
-
-
-def fair_claim_params(
-    *,
-    queue: str,
-    worker_id: UUID,
-    limit: int,
-    lease: timedelta,
-    exclude_kinds: Collection[str] = (),
-    weights: Mapping[str, int] | None = None,
-) -> dict[str, Any]:
-    """The bind values of :func:`fair_claim_stmt` (built with the same *exclude_kinds*
-    choice)."""
-    params = claim_params(
-        queue=queue, worker_id=worker_id, limit=limit, lease=lease, exclude_kinds=exclude_kinds
-    )
-    shares = sorted((weights or {}).items())
-    params["b_weight_keys"] = [key for key, _ in shares]
-    params["b_weights"] = [weight for _, weight in shares]
-    return params
-
-
-def fair_claim_stmt(
-    *,
-    exclude_kinds: bool = False,
-    where: ColumnElement[bool] | Sequence[ColumnElement[bool]] = (),
-) -> Update:
-    """Claim up to ``b_limit`` due jobs of ``b_queue``, shared fairly between its keys.
-
-    The keyed jobs of a queue are split into shares by their ``key``. The claim walks
-    the keys that have claimable jobs through the fair index
-    (:data:`sqlaq.schema.FAIR_INDEX`: a loose index scan, one probe per key, whatever
-    its depth), allots the ``b_limit`` slots to the keys by weight (a key's j-th job
-    scores ``j / weight``, the lowest scores win, ties at random, so equal keys take
-    turns claim after claim), then takes from each key its allotted first due jobs in
-    claim order (``FOR UPDATE SKIP LOCKED``). A key's weight is its own in
-    ``b_weights`` (the weights of the keys of ``b_weight_keys``, in that order), else 1.
-    When the keys give fewer than ``b_limit``, the claim takes the rest in plain claim
-    order, jobs without a key included: those are no share of their own (the fair index
-    holds keyed rows only, so a job without a key costs it nothing), they take the
-    slots the keys leave. A claim comes back short only when fewer jobs are due.
-
-    With *exclude_kinds*, jobs of the kinds bound as ``b_excluded`` are left out (the
-    limited kinds, see :func:`claim_stmt`); *where* narrows the claim as
-    :func:`claim_stmt`'s does. A paused queue gives nothing. The UPDATE is
-    :func:`claim_stmt`'s: the same lease, attempts, expired-lease handling and
-    ``RETURNING`` columns.
-
-    Renders::
-
-        WITH RECURSIVE walk(k) AS (
-            (SELECT key FROM sqlaq_jobs
-             WHERE <pending> AND queue = :b_queue AND key IS NOT NULL AND run_at <= now()
-               AND NOT EXISTS (<the queue is paused>) ORDER BY key LIMIT 1)
-            UNION ALL
-            SELECT (SELECT key FROM sqlaq_jobs WHERE <pending> AND queue = :b_queue
-                    AND key IS NOT NULL AND run_at <= now() AND key > walk.k
-                    ORDER BY key LIMIT 1)
-            FROM walk WHERE walk.k IS NOT NULL),
-        shares AS MATERIALIZED (SELECT k, coalesce((:b_weights)[array_position(
-            :b_weight_keys, k)], 1) AS w FROM walk WHERE k IS NOT NULL),
-        allotted AS MATERIALIZED (SELECT k, count(*) AS n FROM (<the b_limit lowest
-            scores j / w over generate_series(1, ceil(b_limit * w / sum(w)))>) GROUP BY k),
-        fair AS MATERIALIZED (
-            SELECT p.id FROM allotted JOIN LATERAL (
-                SELECT id FROM sqlaq_jobs WHERE <pending> AND queue = :b_queue
-                  AND key IS NOT NULL AND key = allotted.k AND run_at <= now()
-                ORDER BY priority DESC, run_at, id LIMIT allotted.n
-                FOR UPDATE SKIP LOCKED) AS p ON true),
-        candidates AS MATERIALIZED (
-            (SELECT id FROM fair UNION ALL SELECT id FROM (<claim_stmt's candidates,
-             AND id <> ALL(ARRAY(SELECT id FROM fair))>) AS fallback) LIMIT :b_limit)
-        UPDATE sqlaq_jobs SET ... (as claim_stmt)
-
-    Raises:
-        ConfigError: *where* is not a clause over ``sqlaq.jobs`` (see
-            :func:`claim_stmt`).
-    """
-    v = claim_params(queue="_", worker_id=UUID(int=0), limit=1, lease=timedelta(seconds=1))
-    queue_ = bindparam("b_queue", "_", Text)
-    limit_ = bindparam("b_limit", 1, Integer)
-    which: list[ColumnElement[bool]] = []
-    if exclude_kinds:
-        which.append(c.kind != func.all(bindparam("b_excluded", [], ARRAY(Text))))
-    which += _where_clauses(where)
-    not_paused = ~exists().where(paused_queues.c.queue == queue_)
-    share = _share_of(c)
-    # The shares with claimable jobs (due, of the kinds and rows this claim may take),
-    # in key order, one index probe each: a share whose pending jobs all run or wait
-    # for later is not one (its slots would go to the plain order).
-    claimable = (_PENDING, c.queue == queue_, c.key.is_not(None), c.run_at <= _NOW, *which)
-    first = (
-        select(share.label("k"))
-        .where(*claimable, not_paused)
-        .order_by(share)
-        .limit(literal_column("1", Integer))
-        .cte("walk", recursive=True)
-    )
-    following = (
-        select(share)
-        .where(*claimable, share > first.c.k)
-        .order_by(share)
-        .limit(literal_column("1", Integer))
-        .scalar_subquery()
-    )
-    walk = first.union_all(select(following).where(first.c.k.is_not(None)))
-    weight = func.coalesce(
-        # (:b_weights)[i]: a bind's cast must be parenthesised before a subscript.
-        Grouping(bindparam("b_weights", [], ARRAY(Integer)))[
-            func.array_position(bindparam("b_weight_keys", [], ARRAY(Text)), walk.c.k)
-        ],
-        literal_column("1", Integer),
-    )
-    shares = (
-        select(walk.c.k, weight.label("w"))
-        .where(walk.c.k.is_not(None))
-        .cte("shares")
-        .prefix_with("MATERIALIZED")
-    )
-    total = select(func.sum(shares.c.w)).scalar_subquery()
-    taken = func.ceil(limit_ * type_coerce(shares.c.w, Numeric) / total)
-    # The claim's slots: share s's j-th job scores j / weight; the b_limit lowest scores
-    # (ties at random) say how many jobs each share gives, before a row is read.
-    slot = (
-        func.generate_series(literal_column("1", Integer), taken)
-        .table_valued("j")
-        .render_derived(name="slot")
-    )
-    slots = (
-        select(shares.c.k)
-        .select_from(shares.join(slot, literal_column("true", Boolean)))
-        .order_by(slot.c.j / shares.c.w, func.random())
-        .limit(limit_)
-        .subquery("slots")
-    )
-    allotted = (
-        select(slots.c.k, func.count().label("n"))
-        .group_by(slots.c.k)
-        .cte("allotted")
-        .prefix_with("MATERIALIZED")
-    )
-    per_share = (
-        select(c.id)
-        .where(
-            _PENDING,
-            c.queue == queue_,
-            c.key.is_not(None),
-            share == allotted.c.k,
-            c.run_at <= _NOW,
-            *which,
-        )
-        .order_by(c.priority.desc(), c.run_at, c.id)
-        .limit(allotted.c.n)
-        .with_for_update(skip_locked=True)
-        .lateral("p")
-    )
-    fair = (
-        select(per_share.c.id)
-        .select_from(allotted.join(per_share, literal_column("true", Boolean)))
-        .cte("fair")
-        .prefix_with("MATERIALIZED")
-    )
-    fallback = (
-        select(c.id)
-        .where(
-            _PENDING,
-            c.queue == queue_,
-            c.run_at <= _NOW,
-            not_paused,
-            c.id != func.all(func.array(select(fair.c.id).scalar_subquery())),
-            *which,
-        )
-        .order_by(c.priority.desc(), c.run_at, c.id)
-        .limit(limit_)
-        .with_for_update(skip_locked=True)
-        .subquery("fallback")
-    )
-    candidates = (
-        union_all(select(fair.c.id), select(fallback.c.id))
-        .limit(limit_)
-        .cte("candidates")
-        .prefix_with("MATERIALIZED")
-    )
-    return _claim_update(candidates, v)
-
-
-def _share_of(columns: Any) -> ColumnElement[str]:
-    """The fair index's share: the job's key (the index holds keyed rows only)."""
-    return columns.key  # type: ignore[no-any-return]
