@@ -2,9 +2,9 @@
 
 Each ``*_stmt`` function returns an inert SQLAlchemy executable with its values bound,
 and executes nothing: run it on any Connection or Session, inside any transaction, or
-extend it first. The builders live in modules by stage of a job's life (the claim in three:
-the plain claim, limited kinds, fair claims), and this
-package's namespace holds them all (``sqlaq.queries.claim_stmt``)::
+extend it first. The builders live in modules by stage of a job's life (the claim in
+three: the plain claim, limited kinds, fair claims), and this package's namespace holds
+them all (``sqlaq.queries.claim_stmt``)::
 
     queued --claim--> running --complete--> done
       ^                 |  \\--fail (no attempts left / permanent)--> failed --retry--+
