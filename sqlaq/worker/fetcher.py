@@ -73,6 +73,13 @@ FULL_CLAIM_SPACING = 50
 #: asked the server to cancel it (seconds).
 LOOK_BEHIND_STOP = 5.0
 
+#: A walk of the claim index from its start (a full claim, a look behind the bounds)
+#: that took longer than this (seconds) says a held snapshot keeps dead entries there: a
+#: listening worker then answers a notification without a position, or a reconnection
+#: of its listener, with a look behind its bounds too (unspaced), not with a full claim
+#: on its claiming thread. Below it, a full claim is quicker than a look (no hand-off).
+SLOW_WALK = 0.02
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MIN_ID = -(2**63)  # below any id: a position before every job of its (priority, run_at)
 
@@ -136,6 +143,13 @@ class Fetcher:
         self._found = found
         self._behind: threading.Thread | None = None  # the look behind the bounds
         self._behind_cancel: Callable[[], None] | None = None  # cancels its query
+        # The queues to look behind, taken by the look's thread until none are left; the
+        # lock makes "add, and start a thread if none runs" and "none left, so end" one
+        # step each, so no request is left without a thread to take it.
+        self._to_look: set[str] = set()
+        self._look_lock = threading.Lock()
+        self._halt = False  # stop(): the look's thread ends after its current query
+        self._walk = 0.0  # how long the last full claim or look took (seconds)
         self._config = config
         self._worker_id = worker_id
         self._back_off = back_off
@@ -236,12 +250,17 @@ class Fetcher:
     def woken(self, queues: Iterable[str], *, full: bool = True) -> None:
         """*queues* may have due jobs anywhere (a poll, a NOTIFY without a position, a
         reconnect): their next claims are full ones (unless not *full*: they may have
-        due jobs after their bounds)."""
+        due jobs after their bounds). A listening worker whose last walk of the claim
+        index was slow (:data:`SLOW_WALK`: a held snapshot keeps dead entries) looks
+        behind its bounds instead, on another connection, and keeps claiming from them."""
         queues = tuple(queues)
         self._due.update(queues)
         if full:
-            for queue in queues:
-                self._bounds.pop(queue, None)
+            if self._found is not None and self._short_ends_due and self._walk > SLOW_WALK:
+                self._look([queue for queue in queues if queue in self._bounds])
+            else:
+                for queue in queues:
+                    self._bounds.pop(queue, None)
         if self.gates:
             self.gates.woken(queues)
 
@@ -309,36 +328,60 @@ class Fetcher:
             self.woken(queues, full=now >= self._next_full)
             return
         self.woken(queues, full=False)
-        bounded = [queue for queue in queues if queue in self._bounds]
-        behind = self._behind
-        if not bounded or now < self._next_full or (behind is not None and behind.is_alive()):
-            return
-        self._behind = threading.Thread(
-            target=self._look_behind, args=(bounded,), name="sqlaq-look-behind", daemon=True
-        )
-        self._behind.start()
+        if now >= self._next_full:
+            self._look([queue for queue in queues if queue in self._bounds])
 
-    def _look_behind(self, queues: list[str]) -> None:
-        """In its own thread: find the first due job of each of *queues* and report its
-        position (:meth:`notified` moves a bound back to it, if it is behind)."""
+    def _look(self, queues: list[str]) -> None:
+        """Look behind the bounds of *queues* on a connection of its own: in the look's
+        thread, started unless one runs (it takes these too before it ends)."""
+        if not queues:
+            return
+        with self._look_lock:
+            self._to_look.update(queues)
+            self._halt = False
+            if self._behind is not None:
+                return
+            self._behind = threading.Thread(
+                target=self._look_behind, name="sqlaq-look-behind", daemon=True
+            )
+            self._behind.start()
+
+    def _look_behind(self) -> None:
+        """In its own thread: find the first due job of each queue asked for, until none
+        is left, and report its position (:meth:`notified` moves a bound back to it, if
+        it is behind)."""
         found = self._found
         assert found is not None
         try:
             with self._engine.connect() as conn:
                 self._behind_cancel = conn.connection.driver_connection.cancel  # type: ignore[union-attr]
-                for queue in queues:
-                    started = monotonic()
-                    position = run(
-                        conn,
-                        first_due(queue=queue, exclude_kinds=self.gates.kinds, where=self._where),
-                    )
-                    conn.rollback()
-                    ended = monotonic()
-                    self._next_full = ended + FULL_CLAIM_SPACING * (ended - started)
-                    if position is not None:  # a bounded claim starts after its position
-                        found(queue, position._replace(id=position.id - 1))
+                while True:
+                    with self._look_lock:
+                        queues, self._to_look = self._to_look, set()
+                        if not queues:
+                            self._behind = None
+                            return
+                    for queue in sorted(queues):
+                        if self._halt:
+                            break
+                        started = monotonic()
+                        position = run(
+                            conn,
+                            first_due(
+                                queue=queue, exclude_kinds=self.gates.kinds, where=self._where
+                            ),
+                        )
+                        conn.rollback()
+                        ended = monotonic()
+                        self._walk = ended - started
+                        self._next_full = ended + FULL_CLAIM_SPACING * self._walk
+                        if position is not None:  # a bounded claim starts after its position
+                            found(queue, position._replace(id=position.id - 1))
         except Exception as exc:  # the next poll looks again
             _log.debug("could not look behind the claim bounds: %s", describe(exc))
+            with self._look_lock:
+                self._to_look.clear()
+                self._behind = None
         finally:
             self._behind_cancel = None
 
@@ -406,7 +449,8 @@ class Fetcher:
             jobs, position = self._precompiled.run(conn, plan, relaxed=True)
             if after is None and self._short_ends_due:  # listening: NOTIFYs tell the rest
                 ended = monotonic()
-                self._next_full = ended + FULL_CLAIM_SPACING * (ended - started)
+                self._walk = ended - started
+                self._next_full = ended + FULL_CLAIM_SPACING * self._walk
             if position is not None:
                 self._bounds[queue] = position
                 return jobs
@@ -477,7 +521,10 @@ class Fetcher:
     def stop(self) -> None:
         """Cancel a look behind the bounds still running and wait for its thread (at
         most :data:`LOOK_BEHIND_STOP`), then :meth:`close`: the worker is stopping."""
-        behind, cancel = self._behind, self._behind_cancel
+        with self._look_lock:
+            self._to_look.clear()
+            self._halt = True
+            behind, cancel = self._behind, self._behind_cancel
         if behind is not None:
             if cancel is not None:
                 with suppress(Exception):  # ended meanwhile, or a connection gone

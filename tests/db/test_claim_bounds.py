@@ -27,7 +27,7 @@ import sqlaq
 from sqlaq import NewJob, WorkerConfig, queries
 from sqlaq.drive import run
 from sqlaq.ops.claiming import claim_bounded
-from sqlaq.worker.fetcher import Fetcher, parse_wake
+from sqlaq.worker.fetcher import SLOW_WALK, Fetcher, parse_wake
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -284,6 +284,62 @@ def test_a_look_behind_the_bound_is_spaced_by_its_own_length(committed: Engine) 
         fetcher._poll((QUEUE,), spaced)
         assert found.event.wait(10)
         assert len(found.positions) == 2
+
+
+def test_after_a_slow_walk_a_notification_without_a_position_looks_behind_the_bound(
+    committed: Engine,
+) -> None:
+    """Once a walk of the claim index was slow (a held snapshot keeps dead entries at its
+    start), a listening worker answers a notification without a position (a workflow's
+    release, ``notify_queues``) with a look behind its bound, not a full claim on its
+    claiming thread."""
+    found = _Found()
+    with _fetching(committed, found) as fetcher:
+        high, low = _expired_behind_the_bound(committed, fetcher)
+        fetcher._walk = 2 * SLOW_WALK  # what a held snapshot made the last walk take
+        fetcher.notified(QUEUE, None)
+        assert _claimed(fetcher, 1) == [low[1]]  # the bound holds
+        assert found.event.wait(10), "no look behind the bound"
+        [(queue, position)] = found.positions
+        assert position.id == high - 1
+        fetcher.notified(queue, position)
+        reclaimed = fetcher.fetch(2, 2, lambda: False)
+        assert [(j.id, j.attempt) for j in reclaimed] == [(high, 2), (low[2], 1)]
+
+
+def test_while_walks_are_quick_a_notification_without_a_position_is_a_full_claim(
+    committed: Engine,
+) -> None:
+    found = _Found()
+    with _fetching(committed, found) as fetcher:
+        high, low = _expired_behind_the_bound(committed, fetcher)
+        fetcher._walk = SLOW_WALK / 2
+        fetcher.notified(QUEUE, None)
+        assert _claimed(fetcher, 2) == [high, low[1]]  # from the queue's first entry
+        assert found.positions == []
+
+
+def test_a_look_asked_for_while_one_runs_is_taken_by_it(committed: Engine) -> None:
+    """One look runs at a time; what is asked meanwhile, it looks at before it ends."""
+    release, both = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def found(queue: str, position: sqlaq.queries.ClaimPosition) -> None:
+        seen.append(queue)
+        if len(seen) == 1:
+            assert release.wait(10)  # the look's thread waits here: it is running
+        else:
+            both.set()
+
+    with _fetching(committed, found, queues=(QUEUE, "other")) as fetcher:
+        _ids(committed, 2)
+        _ids(committed, 2, queue="other")
+        assert len(_claimed(fetcher, 1) + _claimed(fetcher, 1)) == 2  # a bound in each
+        fetcher._look([QUEUE])
+        fetcher._look(["other"])  # while the first runs (or before it took QUEUE)
+        release.set()
+        assert both.wait(10), seen
+    assert sorted(seen) == [QUEUE, "other"]
 
 
 def test_a_worker_that_does_not_listen_drops_its_bounds_at_the_poll(committed: Engine) -> None:
