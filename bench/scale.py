@@ -36,7 +36,10 @@ and ``scale_starved`` starts a PostgreSQL server of its own): name them.
   600) with a snapshot held for the whole run: commit-to-start p50/p99 of the first and
   the last whole minute, and the p99's ratio (a claim that slows with the dead entries
   shows as a rising tail); every minute's p50, p99 and load are printed too (the load
-  moves the tail from minute to minute on a shared machine).
+  moves the tail from minute to minute on a shared machine). With
+  ``SQLAQ_BENCH_STEADY_WAKES`` (per second, default 0) some batches also send the queue's
+  name alone on ``sqlaq_jobs`` at their commit, as a workflow's release does: a
+  notification without a position.
 * ``scale_starved``    6 long-running workers (LISTEN and maintenance on: 4 connections
   each) on a throwaway server with ``max_connections=20`` (initdb'd as the ``postgres``
   OS user into a temporary folder, on a free port; stopped and deleted afterwards),
@@ -513,6 +516,7 @@ def held_xmin(b: Recorder, worker: Spawn) -> None:
 STEADY_SECONDS = float(os.environ.get("SQLAQ_BENCH_STEADY_SECONDS", "600"))
 STEADY_RATE = int(os.environ.get("SQLAQ_BENCH_STEADY_RATE", "500"))
 STEADY_TICK = 0.020
+STEADY_WAKES = float(os.environ.get("SQLAQ_BENCH_STEADY_WAKES", "0"))
 
 
 def held_steady(b: Recorder, worker: Spawn) -> None:
@@ -538,10 +542,14 @@ def held_steady(b: Recorder, worker: Spawn) -> None:
             start = next_tick = time.monotonic()
             batch = [sqlaq.NewJob("wake")] * per_tick
             loads: list[str] = []  # the load at the end of each minute
+            wakes = 0
             while time.monotonic() - start < STEADY_SECONDS:
                 if time.monotonic() - start >= 60 * (len(loads) + 1):
                     loads.append(load().split()[0])
                 results = sqlaq.enqueue_many(conn, batch)
+                if STEADY_WAKES and wakes < STEADY_WAKES * (time.monotonic() - start):
+                    sqlaq.ops.notify_queues(conn, ["default"])  # no position: "somewhere"
+                    wakes += 1
                 conn.commit()
                 now = time.time()
                 for result in results:
