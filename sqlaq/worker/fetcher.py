@@ -77,8 +77,9 @@ LOOK_BEHIND_STOP = 5.0
 #: that took longer than this (seconds) says a held snapshot keeps dead entries there: a
 #: listening worker then answers a notification without a position, or a reconnection
 #: of its listener, with a look behind its bounds too (unspaced), not with a full claim
-#: on its claiming thread. Below it, a full claim is quicker than a look (no hand-off).
-SLOW_WALK = 0.02
+#: on its claiming thread. Below it, a full claim is quicker than a look (no hand-off);
+#: without a held snapshot a full claim takes a millisecond or two.
+SLOW_WALK = 0.005
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MIN_ID = -(2**63)  # below any id: a position before every job of its (priority, run_at)
