@@ -60,6 +60,15 @@ def cpu(payload: dict[str, Any]) -> int:
     return os.getpid()
 
 
+def _write_whole(path: str, text: str) -> None:
+    """Write *text* to *path* so that a reader finds the whole of it or no file: the
+    tests wait for the file to exist, then read it (``write_text`` creates it empty
+    first, and a reader in between read '')."""
+    partial = Path(f"{path}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 @registry.handler("sleep", timeout=timedelta(seconds=1))
 def sleep(payload: dict[str, Any]) -> None:
     """Stuck in C code (``time.sleep``) far past its timeout."""
@@ -70,7 +79,7 @@ def sleep(payload: dict[str, Any]) -> None:
 def spawner(payload: dict[str, Any]) -> None:
     """Start a process of its own (its pid written to ``pid_file``), then get stuck."""
     grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-    Path(payload["pid_file"]).write_text(str(grandchild.pid))
+    _write_whole(payload["pid_file"], str(grandchild.pid))
     time.sleep(3600)
 
 
@@ -99,7 +108,7 @@ def hog(payload: dict[str, Any]) -> int:
 @registry.handler("wait_file")
 def wait_file(payload: dict[str, Any]) -> int:
     """Say it started (create ``started``), then wait until ``release`` exists."""
-    Path(payload["started"]).write_text(str(os.getpid()))
+    _write_whole(payload["started"], str(os.getpid()))
     release = Path(payload["release"])
     while not release.exists():
         time.sleep(0.01)
