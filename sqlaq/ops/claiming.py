@@ -71,6 +71,10 @@ _claim_fair_stmt = on_first_use(queries.fair_claim_stmt)
 
 _claim_fair_excluding_stmt = on_first_use(queries.fair_claim_stmt, exclude_kinds=True)
 
+_first_due_stmt = on_first_use(queries.first_due_stmt, queue="_")
+
+_first_due_excluding_stmt = on_first_use(queries.first_due_stmt, queue="_", exclude_kinds=["_"])
+
 _ordered_candidates_stmt = on_first_use(queries.keyed_candidates_stmt, ordered=True)
 
 # The claims of a job table distributed on Citus (router statements, see
@@ -214,7 +218,10 @@ def first_due(
     if (yield DISTRIBUTED):
         return None
     kinds = _check_kinds(exclude_kinds) if exclude_kinds else []
-    stmt = queries.first_due_stmt(queue=queue, exclude_kinds=kinds, where=where)
+    if _narrows(where):
+        stmt = _narrowed_claim(where, "first-due-excluding" if kinds else "first-due")
+    else:
+        stmt = _first_due_excluding_stmt() if kinds else _first_due_stmt()
     row = (yield stmt, queries.first_due_params(queue=queue, exclude_kinds=kinds)).first()
     return None if row is None else ClaimPosition(*row)
 
@@ -319,6 +326,10 @@ def _narrowed_claim(where: Any, variant: str) -> Any:
     elif variant in ("keyed", "ordered", "citus-ordered"):
         stmt = queries.keyed_candidates_stmt(
             ordered=variant != "keyed", where=list(clauses), per_queue=variant == "citus-ordered"
+        )
+    elif variant in ("first-due", "first-due-excluding"):
+        stmt = queries.first_due_stmt(
+            queue="_", exclude_kinds=["_"] if variant != "first-due" else (), where=list(clauses)
         )
     elif variant in ("fair", "fair-excluding"):
         stmt = queries.fair_claim_stmt(exclude_kinds=variant != "fair", where=list(clauses))

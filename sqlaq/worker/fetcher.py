@@ -335,7 +335,8 @@ class Fetcher:
     def _look(self, queues: list[str]) -> None:
         """Look behind the bounds of *queues* on a connection of its own: in the look's
         thread, started unless one runs (it takes these too before it ends)."""
-        if not queues:
+        found = self._found
+        if not queues or found is None:
             return
         with self._look_lock:
             self._to_look.update(queues)
@@ -343,16 +344,14 @@ class Fetcher:
             if self._behind is not None:
                 return
             self._behind = threading.Thread(
-                target=self._look_behind, name="sqlaq-look-behind", daemon=True
+                target=self._look_behind, args=(found,), name="sqlaq-look-behind", daemon=True
             )
             self._behind.start()
 
-    def _look_behind(self) -> None:
+    def _look_behind(self, found: Callable[[str, ClaimPosition], None]) -> None:
         """In its own thread: find the first due job of each queue asked for, until none
-        is left, and report its position (:meth:`notified` moves a bound back to it, if
-        it is behind)."""
-        found = self._found
-        assert found is not None
+        is left, and report its position to *found* (:meth:`notified` moves a bound back
+        to it, if it is behind)."""
         try:
             with self._engine.connect() as conn:
                 self._behind_cancel = conn.connection.driver_connection.cancel  # type: ignore[union-attr]

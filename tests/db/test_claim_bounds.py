@@ -265,6 +265,21 @@ def test_a_listening_workers_poll_looks_behind_its_bound_on_a_connection_of_its_
         assert [(j.id, j.attempt) for j in reclaimed] == [(high, 2), (low[2], 1)]
 
 
+def test_a_look_behind_the_bound_keeps_to_the_workers_where(committed: Engine) -> None:
+    """A worker's ``where`` narrows its looks as it narrows its claims: a job it would
+    not claim is not reported."""
+    found = _Found()
+    with _fetching(committed, found, where=sqlaq.jobs.c.priority == 0) as fetcher:
+        low = _ids(committed, 3, priority=0)
+        [high] = _ids(committed, 1, priority=5)
+        assert _claimed(fetcher, 1) == [low[0]]
+        fetcher._poll((QUEUE,), float("inf"))
+        assert found.event.wait(10), "the look behind the bound reported nothing"
+        [(_, position)] = found.positions
+        assert (position.priority, position.id) == (0, low[1] - 1)
+        assert high not in _claimed(fetcher, 10)
+
+
 def test_a_look_behind_the_bound_is_spaced_by_its_own_length(committed: Engine) -> None:
     """A poll looks behind the bounds only once FULL_CLAIM_SPACING times the last look's
     length has passed: a look walks what a held snapshot keeps, however long that is."""
