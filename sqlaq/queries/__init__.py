@@ -78,6 +78,7 @@ from sqlaq.queries.claim import (
     first_due_params,
     first_due_stmt,
     relaxed_commit_stmt,
+    relaxed_stmt,
     where_check_stmt,
     where_text,
 )
@@ -302,6 +303,7 @@ __all__ = [
     "record_starts_params",
     "record_starts_stmt",
     "relaxed_commit_stmt",
+    "relaxed_stmt",
     "release_stmt",
     "release_waiting_stmt",
     "resign_stmt",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 from uuid import UUID
 
 from sqlalchemy import (
@@ -432,14 +432,14 @@ def relaxed_commit_stmt() -> Select[Any]:
     """Let the current transaction commit without waiting for its WAL to reach the disk.
 
     Renders ``SELECT set_config('synchronous_commit', 'off', true)``: the setting lasts
-    until the transaction ends, so run it first in the transaction it is meant for (the
-    worker sends it in one pipeline with its claim: one implicit transaction, one round
-    trip). A commit then returns before its flush; PostgreSQL's WAL writer flushes it
-    within ``3 x wal_writer_delay`` (600 ms by default), and any later synchronous commit
-    of any session flushes it first. Only a crash of the server in between undoes the
-    transaction, never anything after it. The worker's claims use it: a claim undone
-    that way leaves its job queued as before, to run again, exactly as the job of a
-    worker that crashed (``docs/explanation/delivery-guarantees.md``).
+    until the transaction ends, so run it first in the transaction it is meant for. A
+    commit then returns before its flush; PostgreSQL's WAL writer flushes it within ``3
+    x wal_writer_delay`` (600 ms by default), and any later synchronous commit of any
+    session flushes it first. Only a crash of the server in between undoes the
+    transaction, never anything after it. The worker's claims commit so (inside the
+    claim itself, see :func:`relaxed_stmt`): a claim undone that way leaves its job
+    queued as before, to run again, exactly as the job of a worker that crashed
+    (``docs/explanation/delivery-guarantees.md``).
     """
     return select(
         func.set_config(
@@ -448,3 +448,25 @@ def relaxed_commit_stmt() -> Select[Any]:
             literal_column("true", Boolean),
         )
     )
+
+
+_U = TypeVar("_U", bound=Update)
+
+
+def relaxed_stmt(statement: _U) -> _U:
+    """*statement* (an UPDATE, such as :func:`claim_stmt`'s), made to commit without
+    waiting for its WAL flush when it runs in a transaction of its own (autocommit):
+    the worker's claims.
+
+    Adds ``AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL`` to
+    its ``WHERE`` (:func:`relaxed_commit_stmt` as a condition that always holds): an
+    uncorrelated subquery, which PostgreSQL runs once per execution (an InitPlan, a
+    one-time filter) before the rows are read, and whose setting lasts until the
+    statement's implicit transaction commits. The same as sending
+    :func:`relaxed_commit_stmt` before it, in one statement instead of two: the pipeline
+    of two statements the worker used to send cost 0.4 ms more per claim than this
+    (``bench/RESULTS.md``, "The relaxed commit in the claim"). In a transaction of the
+    caller's, the setting holds until that transaction ends: use the plain statement
+    there.
+    """
+    return statement.where(relaxed_commit_stmt().scalar_subquery().is_not(None))

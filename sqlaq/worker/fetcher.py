@@ -21,8 +21,8 @@ as tuples. It skips SQLAlchemy's execution path, about a fifth of a millisecond 
 GIL per claim: a claim runs thousands of times a second in a drain, and once per
 wake-up.
 
-A claim commits without waiting for its WAL flush (``relaxed``: one pipeline with
-:func:`sqlaq.queries.relaxed_commit_stmt`). The flush after an idle moment is most of a
+A claim commits without waiting for its WAL flush (``relaxed``: the setting inside the
+claim's statement, :func:`sqlaq.queries.relaxed_stmt`). The flush after an idle moment is most of a
 wake-up on many disks (0.3 to several milliseconds, against 0.05 for the round trip),
 and a claim lost to a crash of the server is a job run again, which the lease already
 allows for: ``docs/explanation/delivery-guarantees.md``. What a job's handler makes of

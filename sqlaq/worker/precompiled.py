@@ -1,6 +1,7 @@
 """Running a plan's statements on the driver's cursor, compiled once: what the worker
 does with the statements it runs thousands of times a second (the plain claim, the
-complete of a batch of successes). No state but the compiled SQL.
+complete of a batch of successes). No state but the compiled SQL and the cursor of the
+connection it last ran on.
 
 A statement run this way skips SQLAlchemy's execution path (its per-execution setup and
 its result rows), about a fifth of a millisecond of the GIL per statement, and more per
@@ -18,7 +19,6 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from psycopg import Pipeline
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
 from psycopg.pq import Format
@@ -26,14 +26,13 @@ from psycopg.types.json import JsonbLoader
 from sqlalchemy import Connection
 
 from sqlaq.drive import PerEngine, Plan, per_engine
-from sqlaq.queries import relaxed_commit_stmt
+from sqlaq.ops._citus import DISTRIBUTED
+from sqlaq.queries import relaxed_stmt
 
 __all__ = ["Precompiled"]
 
 R = TypeVar("R")
 _MAX_CACHED = 256  # statements compiled per Precompiled, at most
-_RELAXED = relaxed_commit_stmt()
-_PIPELINES = Pipeline.is_supported()  # libpq 14 or later
 _JSONB_OID = 3802  # pg_type's oid of jsonb, fixed since PostgreSQL 9.4
 
 # json.loads's decoder's scanner, in C (typeshed does not declare the attribute).
@@ -77,19 +76,21 @@ class Precompiled:
         # id(statement) -> (statement, its SQL or None, its fixed values or None); the
         # statement is kept so its id cannot be reused while cached.
         self._sql: dict[int, tuple[Any, str | None, dict[str, Any] | None]] = {}
+        # id(statement) -> (statement, its relaxed form): kept likewise.
+        self._relaxed: dict[int, tuple[Any, Any]] = {}
+        # The psycopg connection last run on, and its cursor (see _cursor_of).
+        self._cursor: tuple[Any, Any] | None = None
 
     def run(self, conn: Connection, plan: Plan[R], *, relaxed: bool = False) -> R:
         """Run *plan* on *conn* (in autocommit); return what it returns.
 
-        *relaxed*: each of its statements run here commits without waiting for its WAL
-        flush (:func:`~sqlaq.queries.relaxed_commit_stmt`, sent with the statement in
-        one pipeline: one implicit transaction, one round trip). Where the driver's
-        libpq has no pipeline mode (before PostgreSQL 14's), they commit as usual. A
-        statement SQLAlchemy must run (see the class) is relaxed in a transaction of
-        its own: ``BEGIN``, the setting, the statement, ``COMMIT``.
+        *relaxed*: each of its statements (UPDATEs: the claims) commits without
+        waiting for its WAL flush, the setting inside the statement itself
+        (:func:`~sqlaq.queries.relaxed_stmt`: one statement, one round trip). Not on a
+        job table distributed on Citus, which refuses a volatile function in an UPDATE
+        of a distributed table: there they commit as usual.
         """
-        # The setting's SQL, compiled once like any statement here (None: not relaxed).
-        relax = self._compiled(_RELAXED, conn, None)[1] if relaxed else None
+        relax = relaxed and not per_engine(conn, DISTRIBUTED)
         try:
             step = plan.send(None)
             while True:
@@ -99,44 +100,57 @@ class Precompiled:
                 if type(step) is not tuple:
                     raise TypeError(f"Precompiled runs plain statements only, not {step!r}")
                 statement, params = step
+                if relax:
+                    statement = self._relaxed_form(statement)
                 _, sql, fixed = self._compiled(statement, conn, params)
                 if sql is None:
-                    if relax is not None:  # a transaction of its own (SQLAlchemy reads at once)
-                        driver = conn.connection.driver_connection
-                        with driver.transaction():  # type: ignore[union-attr]
-                            driver.execute(relax)  # type: ignore[union-attr]
-                            result = conn.execute(statement, params)
-                        step = plan.send(result)  # its rows are in hand: a client cursor's
-                        continue
                     step = plan.send(conn.execute(statement, params))
                     continue
                 if fixed is not None:  # values of the statement's own (a where clause's)
                     params = {**fixed, **(params or {})}
-                driver = conn.connection.driver_connection
-                cursor = driver.cursor()  # type: ignore[union-attr]
-                # Only in place of psycopg's own loader: a json_deserializer the engine
-                # was given (psycopg's set_json_loads) is the application's to keep.
-                if driver.adapters.get_loader(_JSONB_OID, Format.TEXT) is JsonbLoader:  # type: ignore[union-attr]
-                    cursor.adapters.register_loader(_JSONB_OID, _JsonbText)
                 try:
-                    if relax is not None and _PIPELINES:
-                        # The pipeline's exit sends its Sync: the statements' implicit
-                        # transaction commits there, and their results come back.
-                        with driver.pipeline():  # type: ignore[union-attr]
-                            driver.execute(relax)  # type: ignore[union-attr]
-                            cursor.execute(sql, params)
-                    else:
-                        cursor.execute(sql, params)
-                    rows = _Rows(cursor.fetchall() if cursor.description else ())
+                    cursor = self._cursor_of(conn.connection.driver_connection)
+                    cursor.execute(sql, params)
+                    # Rows only where the statement returns some (its result has
+                    # columns); not cursor.description, which builds an object per
+                    # column at each call.
+                    result = cursor.pgresult
+                    rows = _Rows(cursor.fetchall() if result is not None and result.nfields else ())
                 except Exception:
+                    self._cursor = None
                     conn.invalidate()
                     raise
-                finally:
-                    cursor.close()
                 step = plan.send(rows)
         except StopIteration as done:
             value: R = done.value
             return value
+
+    def _cursor_of(self, driver: Any) -> Any:
+        """The cursor statements run on for the psycopg connection *driver*: one per
+        connection, kept while the worker uses the same one (a cursor costs tens of
+        microseconds to make and set up; the claim and the complete run thousands of
+        times a second)."""
+        cached = self._cursor
+        if cached is not None and cached[0] is driver and not cached[1].closed:
+            return cached[1]
+        cursor = driver.cursor()
+        # Only in place of psycopg's own loader: a json_deserializer the engine was
+        # given (psycopg's set_json_loads) is the application's to keep.
+        if driver.adapters.get_loader(_JSONB_OID, Format.TEXT) is JsonbLoader:
+            cursor.adapters.register_loader(_JSONB_OID, _JsonbText)
+        self._cursor = (driver, cursor)
+        return cursor
+
+    def _relaxed_form(self, statement: Any) -> Any:
+        """*statement*'s relaxed form (:func:`~sqlaq.queries.relaxed_stmt`), built once."""
+        cached = self._relaxed.get(id(statement))
+        if cached is not None:
+            return cached[1]
+        if len(self._relaxed) >= _MAX_CACHED:  # as _compiled's cache: start over
+            self._relaxed.clear()
+        relaxed = relaxed_stmt(statement)
+        self._relaxed[id(statement)] = (statement, relaxed)
+        return relaxed
 
     def _compiled(
         self, statement: Any, conn: Connection, params: Any

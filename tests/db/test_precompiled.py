@@ -139,3 +139,31 @@ def test_a_relaxed_claim_that_sqlalchemy_runs_is_relaxed_too(committed: Engine) 
             conn.execute(select(sqlaq.jobs.c.status).where(sqlaq.jobs.c.id == job_id)).scalar()
             == "running"
         )
+
+
+def test_one_cursor_per_connection_follows_the_connection_it_runs_on(committed: Engine) -> None:
+    # The cursor is kept for the connection it was made on: a run on another connection,
+    # or on a new one after the first was lost, gets a cursor of that connection.
+    with committed.begin() as conn:
+        ids = [sqlaq.enqueue(conn, "k", {"n": n}, queue="precompiled").job_id for n in range(3)]
+    precompiled = Precompiled()
+
+    def claim_one(conn: Any) -> list[int]:
+        plan = plan_of(ops.claim)(
+            worker_id=uuid4(), queue="precompiled", lease=timedelta(seconds=30)
+        )
+        return [job.id for job in precompiled.run(conn, plan, relaxed=True)]
+
+    with committed.connect() as first, committed.connect() as second:
+        first = first.execution_options(isolation_level="AUTOCOMMIT")
+        second = second.execution_options(isolation_level="AUTOCOMMIT")
+        assert claim_one(first) == [ids[0]]
+        assert claim_one(second) == [ids[1]]
+        first.connection.driver_connection.close()  # type: ignore[union-attr]
+        with pytest.raises(Exception, match="closed"):
+            claim_one(first)  # the lost connection is invalidated, as before
+        assert first.invalidated
+    with committed.connect() as third:
+        third = third.execution_options(isolation_level="AUTOCOMMIT")
+        assert claim_one(third) == [ids[2]]
+        assert claim_one(third) == []

@@ -143,6 +143,17 @@ CALLS: dict[str, list[Any]] = {
     ],
     "lock_kind_stmt": [{"kind": "k"}],
     "relaxed_commit_stmt": [{}],
+    "relaxed_stmt": [
+        ((queries.claim_stmt(queue="q", worker_id=WORKER, limit=5, lease=SECONDS),), {}),
+        (
+            (
+                queries.claim_stmt(
+                    queue="q", worker_id=WORKER, limit=5, lease=SECONDS, bounded=True
+                ),
+            ),
+            {},
+        ),
+    ],
     "key_running_stmt": [{"kind": "k"}],
     "busiest_keys_stmt": [{}, {"limit": 5}],
     "fair_claim_params": [
