@@ -34,6 +34,8 @@ __all__ = ["Precompiled"]
 R = TypeVar("R")
 _MAX_CACHED = 256  # statements compiled per Precompiled, at most
 _JSONB_OID = 3802  # pg_type's oid of jsonb, fixed since PostgreSQL 9.4
+#: A statement's entry: the statement, the form run, its SQL, its fixed values.
+_Entry = tuple[Any, Any, str | None, dict[str, Any] | None]
 
 # json.loads's decoder's scanner, in C (typeshed does not declare the attribute).
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -73,11 +75,10 @@ class Precompiled:
     """
 
     def __init__(self) -> None:
-        # id(statement) -> (statement, its SQL or None, its fixed values or None); the
-        # statement is kept so its id cannot be reused while cached.
-        self._sql: dict[int, tuple[Any, str | None, dict[str, Any] | None]] = {}
-        # id(statement) -> (statement, its relaxed form): kept likewise.
-        self._relaxed: dict[int, tuple[Any, Any]] = {}
+        # (id(statement), relaxed) -> (statement, the form run, its SQL or None, its
+        # fixed values or None); the statement is kept so its id cannot be reused while
+        # cached.
+        self._sql: dict[tuple[int, bool], _Entry] = {}
         # The psycopg connection last run on, and its cursor (see _cursor_of).
         self._cursor: tuple[Any, Any] | None = None
 
@@ -100,11 +101,9 @@ class Precompiled:
                 if type(step) is not tuple:
                     raise TypeError(f"Precompiled runs plain statements only, not {step!r}")
                 statement, params = step
-                if relax:
-                    statement = self._relaxed_form(statement)
-                _, sql, fixed = self._compiled(statement, conn, params)
+                _, form, sql, fixed = self._compiled(statement, conn, params, relax)
                 if sql is None:
-                    step = plan.send(conn.execute(statement, params))
+                    step = plan.send(conn.execute(form, params))
                     continue
                 if fixed is not None:  # values of the statement's own (a where clause's)
                     params = {**fixed, **(params or {})}
@@ -141,28 +140,18 @@ class Precompiled:
         self._cursor = (driver, cursor)
         return cursor
 
-    def _relaxed_form(self, statement: Any) -> Any:
-        """*statement*'s relaxed form (:func:`~sqlaq.queries.relaxed_stmt`), built once."""
-        cached = self._relaxed.get(id(statement))
-        if cached is not None:
-            return cached[1]
-        if len(self._relaxed) >= _MAX_CACHED:  # as _compiled's cache: start over
-            self._relaxed.clear()
-        relaxed = relaxed_stmt(statement)
-        self._relaxed[id(statement)] = (statement, relaxed)
-        return relaxed
-
-    def _compiled(
-        self, statement: Any, conn: Connection, params: Any
-    ) -> tuple[Any, str | None, dict[str, Any] | None]:
-        """The statement's entry: its SQL (None: run it by SQLAlchemy), and the values
-        bound in the statement itself that the plan's *params* do not give (a clause
-        passed as ``where=``, ``kind = 'a'``): SQLAlchemy sends those from the
+    def _compiled(self, statement: Any, conn: Connection, params: Any, relaxed: bool) -> _Entry:
+        """The statement's entry: the form run (*relaxed*: its
+        :func:`~sqlaq.queries.relaxed_stmt`), its SQL (None: run it by SQLAlchemy), and
+        the values bound in the statement itself that the plan's *params* do not give (a
+        clause passed as ``where=``, ``kind = 'a'``): SQLAlchemy sends those from the
         statement, the driver's cursor needs them with the others."""
-        cached = self._sql.get(id(statement))
+        key = (id(statement), relaxed)
+        cached = self._sql.get(key)
         if cached is not None:
             return cached
-        compiled = statement.compile(dialect=conn.dialect)
+        form = relaxed_stmt(statement) if relaxed else statement
+        compiled = form.compile(dialect=conn.dialect)
         plain = not (
             compiled._bind_processors
             or compiled.post_compile_params
@@ -180,5 +169,5 @@ class Precompiled:
             # (a claim narrowed by a clause, rebuilt once evicted from its own cache):
             # start over rather than grow.
             self._sql.clear()
-        entry = self._sql[id(statement)] = (statement, sql, fixed)
+        entry = self._sql[key] = (statement, form, sql, fixed)
         return entry
