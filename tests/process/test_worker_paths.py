@@ -230,7 +230,11 @@ def test_the_cli_pool_holds_every_transactional_handler_and_the_workers_parts(
     with worker_processes(database_url) as start:
         start("--queue", queue, "--concurrency", "3")
         ids = [enqueue(ledger, "txn_effect", {"seconds": 20}, queue=queue) for _ in range(3)]
-        # Each handler records once it holds its session's connection.
+        # Each handler records once it holds its session's connection. The process's start
+        # (imports, connections) takes what the box's load makes it take: the deadline that
+        # matters runs from the first handler, and a pool short of a session would keep the
+        # third waiting for a 20 s handler to end.
+        wait_until(lambda: any(ledger_runs(ledger, i) for i in ids), 60, "the first handler")
         wait_until(lambda: all(ledger_runs(ledger, i) for i in ids), 12, "three sessions at once")
 
 
