@@ -30,6 +30,12 @@ import sqlaq
 
 TESTS_DIR = Path(__file__).resolve().parent
 
+#: Seconds a worker's start-up may take: a process's imports and connections, a thread's
+#: connections. A loaded CI box (2 cores, two suites at once) spent 12 s starting one
+#: process. A test waits this long for a first sign of life its point does not depend
+#: on, and runs its tight deadlines from there, not from the start.
+START_TIMEOUT = 60.0
+
 
 def wait_until(
     condition: Callable[[], Any], timeout: float, message: str, interval: float = 0.05
@@ -131,6 +137,24 @@ class WorkerProcess:
         self.log.flush()
         return Path(self.log.name).read_text(errors="replace")
 
+    def started(self) -> bool:
+        """Whether it has logged "worker started" (at the command's default log level,
+        info, or below): imported, the schema checked, about to claim. Fails at once if
+        it exited first."""
+        alive = self.alive()  # before the read: an exit after it leaves the log whole
+        if "worker started" in self.output():
+            return True
+        assert alive, f"worker {self.pid} exited ({self.proc.returncode}) before starting"
+        return False
+
+
+def wait_started(*processes: WorkerProcess, timeout: float = START_TIMEOUT) -> None:
+    """Wait until every one of *processes* (started together) has started
+    (:meth:`WorkerProcess.started`): the start-up a test's tight deadlines should not
+    include."""
+    names = ", ".join(str(p.pid) for p in processes)
+    wait_until(lambda: all(p.started() for p in processes), timeout, f"workers {names} to start")
+
 
 def worker_env(database_url: str, **extra: str) -> dict[str, str]:
     """The environment of a worker process: this one, plus the test app on the path."""
@@ -225,7 +249,7 @@ def running(worker: sqlaq.Worker) -> Iterator[sqlaq.Worker]:
     thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
     thread.start()
     try:
-        assert worker.started.wait(10)
+        assert worker.started.wait(START_TIMEOUT)
         yield worker
     finally:
         worker.stop(now=True)
