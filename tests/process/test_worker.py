@@ -11,7 +11,7 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -20,7 +20,9 @@ import tenacity
 from sqlalchemy import Engine, text
 from workerkit import (
     FAST,
+    START_TIMEOUT,
     Recorder,
+    WorkerProcess,
     backends,
     count_status,
     enqueue,
@@ -34,6 +36,7 @@ from workerkit import (
     running,
     scalar,
     terminate,
+    wait_started,
     wait_until,
     worker_processes,
 )
@@ -60,7 +63,7 @@ def status_is(engine: Engine, job_id: int, *statuses: str) -> bool:
 # -- several worker processes ----------------------------------------------------------
 
 
-@pytest.mark.timeout(330)
+@pytest.mark.timeout(390)
 def test_four_workers_times_4000_jobs_each_run_exactly_once(
     ledger: Engine, database_url: str
 ) -> None:
@@ -68,7 +71,11 @@ def test_four_workers_times_4000_jobs_each_run_exactly_once(
     total = 4 * 4000
     with worker_processes(database_url) as start:
         workers = [start("--concurrency", "8", "--log-level", "warning") for _ in range(4)]
-        wait_until(lambda: len(listener_backends(ledger)) == 4, 20, "four listening workers")
+        # Four processes starting at once on a loaded machine: their start-up is not
+        # what is tested.
+        wait_until(
+            lambda: len(listener_backends(ledger)) == 4, START_TIMEOUT, "four listening workers"
+        )
         ids = enqueue_many(ledger, "record", total)
         # Generous: about 90 s on a calm 2-core box, much more on a loaded one.
         wait_until(lambda: count_status(ledger, "done") == total, 300, "all jobs done", 0.2)
@@ -86,17 +93,19 @@ def test_four_workers_times_4000_jobs_each_run_exactly_once(
     assert scalar(ledger, "SELECT count(*) FROM sqlaq_jobs WHERE id = ANY(:ids)", ids=ids) == total
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_sigkilled_worker_job_runs_again_elsewhere_after_its_lease(
     ledger: Engine, database_url: str
 ) -> None:
     with worker_processes(database_url) as start:
         doomed = start("--lease", "2", *FAST)
         job_id = enqueue(ledger, "block_first", {"seconds": 60})
-        wait_until(lambda: ledger_runs(ledger, job_id), 15, "the first run to start")
+        # The first run is the process's first sign of life: its start-up (imports,
+        # connections) takes what the machine's load makes it take.
+        wait_until(lambda: ledger_runs(ledger, job_id), START_TIMEOUT, "the first run to start")
         doomed.signal(signal.SIGKILL)
         doomed.wait(10)
-        start("--lease", "2", *FAST)
+        wait_started(start("--lease", "2", *FAST))
         wait_until(lambda: status_is(ledger, job_id, "done"), 20, "the job done by the survivor")
     row = job(ledger, job_id)
     assert (row.status, row.attempts) == ("done", 2)
@@ -106,22 +115,47 @@ def test_sigkilled_worker_job_runs_again_elsewhere_after_its_lease(
     assert runs[0].pid != runs[1].pid
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
 def test_job_that_kills_its_worker_every_time_ends_failed(
     ledger: Engine, database_url: str
 ) -> None:
     others = enqueue_many(ledger, "record", 20)
     killer = enqueue(ledger, "exit", max_attempts=2, priority=1)
-    processes = []
+    processes: list[WorkerProcess] = []
     with worker_processes(database_url) as start:
 
-        def failed_and_rest_done() -> bool:
-            # Restart workers as the job kills them, two alive at a time.
-            for _ in range(2 - sum(p.alive() for p in processes)):
-                processes.append(start("--lease", "1", "--concurrency", "2", *FAST))
-            return status_is(ledger, killer, "failed") and count_status(ledger, "done") == 20
+        def restarted(condition: Callable[[], Any]) -> Callable[[], Any]:
+            def check() -> Any:
+                # Restart workers as the job kills them, two alive at a time.
+                for _ in range(2 - sum(p.alive() for p in processes)):
+                    processes.append(start("--lease", "1", "--concurrency", "2", *FAST))
+                return condition()
 
-        wait_until(failed_and_rest_done, 40, "the killer failed and the others done", 0.1)
+            return check
+
+        # Each step waits for a worker process started meanwhile (the first ones, then
+        # the killed ones' replacements): a start-up takes what the machine's load makes
+        # it take, and none of these deadlines is what is tested.
+        wait_until(
+            restarted(lambda: ledger_runs(ledger, killer)),
+            START_TIMEOUT,
+            "the killer's first run",
+            0.1,
+        )
+        wait_until(
+            restarted(lambda: len(ledger_runs(ledger, killer)) >= 2),
+            START_TIMEOUT,
+            "the killer's second run",
+            0.1,
+        )
+        wait_until(
+            restarted(
+                lambda: status_is(ledger, killer, "failed") and count_status(ledger, "done") == 20
+            ),
+            START_TIMEOUT,
+            "the killer failed and the others done",
+            0.1,
+        )
     row = job(ledger, killer)
     assert row.attempts == 2
     assert "lease expired on attempt 2 of 2" in row.last_error
@@ -130,12 +164,13 @@ def test_job_that_kills_its_worker_every_time_ends_failed(
     assert sum(p.proc.returncode == 3 for p in processes) == 2
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_heartbeat_keeps_a_slow_job_from_running_twice(ledger: Engine, database_url: str) -> None:
     with worker_processes(database_url) as start:
         start("--lease", "1", *FAST)
         job_id = enqueue(ledger, "sleep", {"seconds": 3.5})
-        wait_until(lambda: ledger_runs(ledger, job_id), 15, "the slow job to start")
+        # The job's start is the process's first sign of life (after its start-up).
+        wait_until(lambda: ledger_runs(ledger, job_id), START_TIMEOUT, "the slow job to start")
         start("--lease", "1", *FAST)  # would take the job if its lease ran out
         wait_until(lambda: status_is(ledger, job_id, "done"), 20, "the slow job done")
     row = job(ledger, job_id)
@@ -158,16 +193,17 @@ def start_delay(engine: Engine, job_id: int) -> float:
     )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_idle_worker_wakes_on_notify_and_again_after_its_listener_is_killed(
     ledger: Engine, database_url: str
 ) -> None:
     with worker_processes(database_url) as start:
         # A poll of 30 s: a job started well within that was woken by a notification (or
         # the listener's catch-up on reconnecting), not by the poll. The bounds leave a
-        # loaded machine room and stay far from the poll.
+        # loaded machine room and stay far from the poll; they run from the LISTEN, after
+        # the process's start-up.
         start("--poll-interval", "30", "--log-level", "info")
-        wait_until(lambda: listener_backends(ledger), 15, "the worker to LISTEN")
+        wait_until(lambda: listener_backends(ledger), START_TIMEOUT, "the worker to LISTEN")
         first = enqueue(ledger, "record")
         wait_until(lambda: ledger_runs(ledger, first), 15, "the first job to start")
         assert start_delay(ledger, first) < 10
@@ -187,13 +223,13 @@ def test_idle_worker_wakes_on_notify_and_again_after_its_listener_is_killed(
 # -- database trouble ------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_worker_recovers_when_every_connection_is_killed(ledger: Engine, database_url: str) -> None:
     with worker_processes(database_url) as start:
         # A short lease: a claim whose COMMIT went through just as its connection was
         # killed is unknown to the worker, and is claimed again once its lease ends.
         worker = start("--concurrency", "4", "--lease", "3", *FAST)
-        wait_until(lambda: listener_backends(ledger), 15, "the worker to start")
+        wait_until(lambda: listener_backends(ledger), START_TIMEOUT, "the worker to start")
         with ledger.begin() as conn:
             sqlaq.enqueue_many(conn, [sqlaq.NewJob("sleep", {"seconds": 0.02}) for _ in range(400)])
         for _ in range(3):
@@ -212,14 +248,14 @@ def test_worker_recovers_when_every_connection_is_killed(ledger: Engine, databas
 # -- stopping --------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_sigterm_lets_the_running_job_finish_then_exits_0(
     ledger: Engine, database_url: str
 ) -> None:
     with worker_processes(database_url) as start:
         worker = start(*FAST)
         job_id = enqueue(ledger, "sleep", {"seconds": 1.5})
-        wait_until(lambda: ledger_runs(ledger, job_id), 15, "the job to start")
+        wait_until(lambda: ledger_runs(ledger, job_id), START_TIMEOUT, "the job to start")
         worker.signal(signal.SIGTERM)
         assert worker.wait(15) == 0
     row = job(ledger, job_id)
@@ -227,32 +263,34 @@ def test_sigterm_lets_the_running_job_finish_then_exits_0(
     assert [r.note for r in ledger_runs(ledger, job_id)] == ["", "finished"]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_sigterm_after_the_grace_period_hands_the_job_to_another_worker(
     ledger: Engine, database_url: str
 ) -> None:
     with worker_processes(database_url) as start:
         first = start("--grace-period", "0.5", *FAST)
         job_id = enqueue(ledger, "block_first", {"seconds": 60})
-        wait_until(lambda: ledger_runs(ledger, job_id), 15, "the job to start")
+        wait_until(lambda: ledger_runs(ledger, job_id), START_TIMEOUT, "the job to start")
         first.signal(signal.SIGTERM)
         assert first.wait(15) == 0
         row = job(ledger, job_id)
         assert (row.status, row.attempts, row.locked_by) == ("queued", 0, None)
         assert "job handed back" in first.output()
-        start("--poll-interval", "30")
+        # Polling every 30 s, it finds the handed-back job when it starts: 15 s from its
+        # start (after its start-up), well before its first poll.
+        wait_started(start("--poll-interval", "30"))
         wait_until(lambda: status_is(ledger, job_id, "done"), 15, "the job done elsewhere")
     row = job(ledger, job_id)
     assert (row.status, row.attempts) == ("done", 1)  # the hand-back refunded attempt 1
     assert len(ledger_runs(ledger, job_id)) == 2
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_second_signal_hands_back_at_once(ledger: Engine, database_url: str) -> None:
     with worker_processes(database_url) as start:
         worker = start("--grace-period", "60", *FAST)
         job_id = enqueue(ledger, "block_first", {"seconds": 60})
-        wait_until(lambda: ledger_runs(ledger, job_id), 15, "the job to start")
+        wait_until(lambda: ledger_runs(ledger, job_id), START_TIMEOUT, "the job to start")
         worker.signal(signal.SIGINT)
         wait_until(lambda: "send it again" in worker.output(), 5, "the first signal noticed")
         worker.signal(signal.SIGINT)
@@ -501,8 +539,7 @@ def test_unknown_kind_fails_permanently_and_the_worker_carries_on(committed: Eng
     assert job(committed, known).status == "done"
 
 
-@pytest.mark.timeout(30)
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_stop_hands_back_a_job_still_running_after_the_grace_period(committed: Engine) -> None:
     registry = sqlaq.Registry()
     recorder = Recorder()
@@ -519,7 +556,7 @@ def test_stop_hands_back_a_job_still_running_after_the_grace_period(committed: E
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        assert started.wait(10)
+        assert started.wait(START_TIMEOUT)  # the worker's start-up, then its first claim
         worker.stop()
         # The stop joins the listener and the maintenance thread (up to 5 s each) and
         # writes its hand-back: room for a slow machine, and still far from the 90 s
@@ -769,7 +806,7 @@ def test_transient_errors_are_classified_in_one_place() -> None:
 # -- prefetch --------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_prefetch_holds_jobs_ahead_but_runs_no_more_than_concurrency(committed: Engine) -> None:
     """concurrency=2, prefetch=3, sync and async handlers side by side: five jobs are
     claimed, two run, and a stop hands the three that never started straight back
@@ -808,7 +845,10 @@ def test_prefetch_holds_jobs_ahead_but_runs_no_more_than_concurrency(committed: 
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: count_status(committed, "running") == 5, 10, "five jobs claimed")
+        # The first claim comes after the worker's start-up (its connections).
+        wait_until(
+            lambda: count_status(committed, "running") == 5, START_TIMEOUT, "five jobs claimed"
+        )
         wait_until(lambda: now_running[0] == 2, 10, "two handlers running")
         assert count_status(committed, "running") == 5  # no more claimed meanwhile
         worker.stop()
