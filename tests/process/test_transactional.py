@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from worker_app import EFFECTS
 from workerkit import (
     FAST,
+    START_TIMEOUT,
     Recorder,
     enqueue,
     fast_worker,
@@ -25,6 +26,7 @@ from workerkit import (
     rows,
     running,
     scalar,
+    wait_started,
     wait_until,
     worker_processes,
 )
@@ -207,7 +209,7 @@ def test_registry_options_of_transactional_handlers() -> None:
         registry.add("d", lambda payload, session: None, transaction=False)
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 def test_sigkill_between_the_write_and_the_commit_leaves_neither(
     effects: Engine, ledger: Engine, database_url: str
 ) -> None:
@@ -216,11 +218,13 @@ def test_sigkill_between_the_write_and_the_commit_leaves_neither(
     with worker_processes(database_url) as start:
         doomed = start("--lease", "2", *FAST)
         job_id = enqueue(effects, "txn_effect", {"seconds": 60})
-        wait_until(lambda: ledger_runs(ledger, job_id), 15, "the first attempt's write")
+        # The write is the process's first sign of life, after its start-up (imports,
+        # connections): neither start-up is what is tested.
+        wait_until(lambda: ledger_runs(ledger, job_id), START_TIMEOUT, "the first attempt's write")
         assert effect_rows(effects) == []  # written, not committed
         doomed.signal(signal.SIGKILL)
         doomed.wait(10)
-        start("--lease", "2", *FAST)
+        wait_started(start("--lease", "2", *FAST))
         wait_until(lambda: job(effects, job_id).status == "done", 30, "the job done again")
     assert [tuple(r) for r in rows(effects, f"SELECT job_id, attempt FROM {EFFECTS}")] == [
         (job_id, 2)

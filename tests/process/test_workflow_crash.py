@@ -8,12 +8,21 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine
-from workerkit import FAST, job, ledger_runs, ledger_table, wait_until, worker_processes
+from workerkit import (
+    FAST,
+    START_TIMEOUT,
+    job,
+    ledger_runs,
+    ledger_table,
+    wait_started,
+    wait_until,
+    worker_processes,
+)
 
 import sqlaq
 from sqlaq import NewJob
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture
@@ -29,11 +38,12 @@ def test_a_worker_killed_mid_chain_loses_nothing(ledger: Engine, database_url: s
         ).job_ids
     with worker_processes(database_url) as start:
         doomed = start("--lease", "2", *FAST)
-        wait_until(lambda: ledger_runs(ledger, first), 15, "the first step to start")
+        # Neither process's start-up (imports, connections) is what is tested.
+        wait_until(lambda: ledger_runs(ledger, first), START_TIMEOUT, "the first step to start")
         doomed.signal(signal.SIGKILL)
         doomed.wait(10)
         assert job(ledger, second).status == "queued"  # still waiting for its parent
-        start("--lease", "2", *FAST)
+        wait_started(start("--lease", "2", *FAST))
         wait_until(lambda: job(ledger, third).status == "done", 30, "the chain's last step")
     assert [r.attempt for r in ledger_runs(ledger, first)] == [1, 2]
     assert [r.attempt for r in ledger_runs(ledger, second)] == [1]
