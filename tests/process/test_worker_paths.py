@@ -16,7 +16,16 @@ import test_transactional
 from helpers import login_role
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import sessionmaker
-from workerkit import Recorder, enqueue, job, ledger_runs, running, wait_until, worker_processes
+from workerkit import (
+    START_TIMEOUT,
+    Recorder,
+    enqueue,
+    job,
+    ledger_runs,
+    running,
+    wait_until,
+    worker_processes,
+)
 
 import sqlaq
 from sqlaq.outcome import Verdict
@@ -214,7 +223,8 @@ def test_after_a_cancel_the_cli_workers_slot_runs_the_next_job_at_once(
     with worker_processes(database_url) as start:
         worker = start("--queue", queue, "--concurrency", "1")
         first = enqueue(ledger, "until_cancelled", queue=queue)
-        wait_until(lambda: ledger_runs(ledger, first), 20, "the first job running")
+        # The first job runs after the process's start-up; what is tested runs from there.
+        wait_until(lambda: ledger_runs(ledger, first), START_TIMEOUT, "the first job running")
         with ledger.begin() as conn:
             sqlaq.cancel(conn, first)
         wait_until(lambda: len(ledger_runs(ledger, first)) == 2, 10, "the handler saw it")
@@ -234,7 +244,9 @@ def test_the_cli_pool_holds_every_transactional_handler_and_the_workers_parts(
         # (imports, connections) takes what the box's load makes it take: the deadline that
         # matters runs from the first handler, and a pool short of a session would keep the
         # third waiting for a 20 s handler to end.
-        wait_until(lambda: any(ledger_runs(ledger, i) for i in ids), 60, "the first handler")
+        wait_until(
+            lambda: any(ledger_runs(ledger, i) for i in ids), START_TIMEOUT, "the first handler"
+        )
         wait_until(lambda: all(ledger_runs(ledger, i) for i in ids), 12, "three sessions at once")
 
 
@@ -261,6 +273,9 @@ def test_async_transactional_handlers_get_a_connection_each_and_close_cleanly(
     caplog.set_level(logging.ERROR)
     try:
         with running(worker):
+            # The first session comes with the async engine's first connection; a pool short
+            # of a session would keep the twentieth waiting for ever (the handlers hold on).
+            wait_until(lambda: inside > 0, START_TIMEOUT, "the first session")
             wait_until(lambda: inside == 20, 15, "twenty sessions at once")
             release.set()
             wait_until(lambda: all(job(committed, i).status == "done" for i in ids), 15, "done")
@@ -287,7 +302,10 @@ def test_a_clean_stop_closes_the_async_sessions_connections_without_errors(
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        wait_until(lambda: all(job(committed, i).status == "done" for i in ids), 15, "done")
+        # From the thread's start: the worker's start-up, then three quick jobs.
+        wait_until(
+            lambda: all(job(committed, i).status == "done" for i in ids), START_TIMEOUT, "done"
+        )
     finally:
         worker.stop()
         thread.join(15)
