@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 from sqlalchemy import Engine
-from workerkit import wait_until, worker_processes
+from workerkit import START_TIMEOUT, wait_until, worker_processes
 
 import sqlaq
 from sqlaq.metrics import WorkerMetrics
@@ -99,11 +99,13 @@ def _scrape(port: int) -> str:
         return ""
 
 
+@pytest.mark.timeout(120)
 def test_sqlaq_worker_serves_metrics_on_its_port(committed: Engine, database_url: str) -> None:
     port = _free_port()
     with worker_processes(database_url) as start:
         worker = start("--metrics-port", str(port))
-        wait_until(lambda: _scrape(port), 20, "the metrics endpoint")
+        # The endpoint opens after the process's start-up (imports), not what is tested.
+        wait_until(lambda: _scrape(port), START_TIMEOUT, "the metrics endpoint")
         with committed.begin() as conn:
             sqlaq.enqueue(conn, "noop")
         finished = 'sqlaq_jobs_finished_total{kind="noop",outcome="done",queue="default"} 1.0'
