@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
-from workerkit import count_status, ledger_table, rows, wait_until, worker_processes
+from workerkit import count_status, ledger_table, rows, wait_started, wait_until, worker_processes
 
 import sqlaq
 
@@ -112,15 +112,17 @@ def _overlaps(intervals: list[tuple[datetime, datetime]]) -> int:
     return most
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_three_workers_never_run_more_than_two_of_a_key(ledger: Engine, database_url: str) -> None:
     """30 jobs over 3 keys of a kind with key_concurrency=2, three worker processes of 4
     slots each: never more than 2 of a key run at once, and the keys run side by side."""
     keys = ["a", "b", "c"] * 10
-    ids = _enqueue(ledger, "tenant_job", keys, payload={"seconds": 0.1})
     with worker_processes(database_url) as start:
-        for _ in range(3):
-            start("--concurrency", "4", *FAST)
+        # The jobs come once the three have started: a process slow to start (imports,
+        # connections, on a loaded machine) could otherwise find every job done by the
+        # first one, and the limit would not be tested across processes.
+        wait_started(*[start("--concurrency", "4", *FAST) for _ in range(3)])
+        ids = _enqueue(ledger, "tenant_job", keys, payload={"seconds": 0.1})
         wait_until(lambda: count_status(ledger, "done") == 30, 90, "all 30 jobs done")
     runs = _runs(ledger, ids)
     for key in "abc":

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, text
-from workerkit import count_status, ledger_table, rows, wait_until, worker_processes
+from workerkit import count_status, ledger_table, rows, wait_started, wait_until, worker_processes
 
 import sqlaq
 from sqlaq.limits import MAX_RATE_COUNT, Rate, allowance
@@ -254,15 +254,19 @@ def _overlaps(intervals: list[tuple[datetime, datetime]]) -> int:
     return most
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(210)
 def test_three_workers_never_run_more_than_two_of_a_kind_limited_to_two(
     ledger: Engine, database_url: str
 ) -> None:
     """30 jobs of a kind with concurrency=2, three worker processes of 4 slots each:
     never more than 2 run at once, while another kind keeps flowing."""
-    videos = enqueue(ledger, "video", 30, payload={"seconds": 0.15})
     with worker_processes(database_url) as start:
         workers = [start("--concurrency", "4", *FAST) for _ in range(3)]
+        # The jobs come once the three have started: a process slow to start (imports,
+        # connections, on a loaded machine) could otherwise find the videos all done by
+        # the first one, and the limit would not be tested across processes.
+        wait_started(*workers)
+        videos = enqueue(ledger, "video", 30, payload={"seconds": 0.15})
         # Once videos are running, other work still gets through.
         wait_until(lambda: count_status(ledger, "running", "video") > 0, 30, "videos to run")
         others = enqueue(ledger, "record", 30)
