@@ -28,6 +28,7 @@ from workerkit import (
     rows,
     running,
     scalar,
+    wait_started,
     wait_until,
     worker_processes,
 )
@@ -69,6 +70,7 @@ def refusing_trigger(committed: Engine) -> Iterator[Engine]:
             conn.execute(text("DROP FUNCTION IF EXISTS sqlaq_test_refuse()"))
 
 
+@pytest.mark.timeout(180)
 def test_one_refused_outcome_among_fifty_good_ones_fails_alone(
     ledger: Engine, refusing_trigger: Engine, database_url: str
 ) -> None:
@@ -79,6 +81,7 @@ def test_one_refused_outcome_among_fifty_good_ones_fails_alone(
     good += enqueue_many(ledger, "record", 25)
     with worker_processes(database_url) as start:
         worker = start("--concurrency", "60", *FAST)
+        wait_started(worker)  # its start-up (imports, connections) is not what is tested
         wait_until(lambda: count_status(ledger, "done") == 50, 30, "the 50 good jobs done")
         wait_until(lambda: job(ledger, bad).status == "failed", 30, "the refused job failed")
         later = enqueue(ledger, "record")
@@ -172,7 +175,7 @@ def test_an_async_handler_whose_sub_task_was_cancelled_fails_and_is_retried(
     assert "CancelledError" in row.last_error
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(210)
 def test_a_worker_stopped_past_its_leases_carries_on_when_resumed(
     ledger: Engine, database_url: str
 ) -> None:
@@ -185,6 +188,7 @@ def test_a_worker_stopped_past_its_leases_carries_on_when_resumed(
     stops = 0
     with worker_processes(database_url) as start:
         worker = start("--concurrency", "8", "--lease", "1", "--no-maintenance", *FAST)
+        wait_started(worker)  # its start-up (imports, connections) is not what is tested
         # At least 3 stops, and on until one made the worker claim its own job again.
         while stops < 12 and not (stops >= 3 and scalar(ledger, _MAX_ATTEMPTS) > 1):
             wait_until(

@@ -23,6 +23,7 @@ from workerkit import (
     count_status,
     libpq_url,
     scalar,
+    wait_started,
     wait_until,
     worker_processes,
 )
@@ -164,7 +165,7 @@ def add_old_done_jobs(engine: Engine, count: int) -> None:
         )
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_three_workers_elect_one_leader_that_prunes_and_a_new_one_after_a_kill(
     committed: Engine, database_url: str
 ) -> None:
@@ -177,6 +178,8 @@ def test_three_workers_elect_one_leader_that_prunes_and_a_new_one_after_a_kill(
     add_old_done_jobs(committed, 50)
     with worker_processes(database_url) as start:
         processes = [start(*flags) for _ in range(3)]
+        # Three processes' start-up (imports, connections): not what is tested.
+        wait_started(*processes)
         wait_until(lambda: count_status(committed, "done") == 0, 30, "the old jobs pruned")
         # The rows are gone once the leader's prune commits; its "maintenance ran" line
         # comes after: wait for the logs to account for all 50.

@@ -24,6 +24,7 @@ import pytest
 from helpers import count_jobs
 from sqlalchemy import Connection, Engine, text
 from workerkit import (
+    START_TIMEOUT,
     count_status,
     ledger_runs,
     ledger_table,
@@ -168,6 +169,7 @@ def test_pause_refuses_what_is_not_a_queue_name(conn: Connection, bad: str) -> N
 # -- worker processes ----------------------------------------------------------------------
 
 
+@pytest.mark.timeout(180)
 def test_pause_stops_claims_across_two_worker_processes_and_resume_restarts_them(
     ledger: Engine, no_pauses: Engine, database_url: str
 ) -> None:
@@ -181,9 +183,10 @@ def test_pause_stops_claims_across_two_worker_processes_and_resume_restarts_them
             start("--concurrency", "2", "--poll-interval", f"{poll}s", "--log-level", "info")
             for _ in range(2)
         ]
+        # Two processes' start-up (imports, connections): not what is tested.
         wait_until(
             lambda: scalar(engine, "SELECT count(*) FROM sqlaq_workers") == 2,
-            30,
+            START_TIMEOUT,
             "both workers' heartbeat rows",
         )
         with engine.begin() as conn:
@@ -262,6 +265,7 @@ def test_a_worker_keeps_a_heartbeat_row_and_deletes_it_when_it_stops(
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
+        assert worker.started.wait(START_TIMEOUT)  # its start-up: not what is tested
         wait_until(lambda: rows(no_pauses, "SELECT * FROM sqlaq_workers"), 10, "the heartbeat row")
         first = rows(no_pauses, "SELECT last_seen_at FROM sqlaq_workers")[0][0]
         wait_until(

@@ -31,11 +31,13 @@ import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 from workerkit import (
+    START_TIMEOUT,
     count_status,
     ledger_table,
     listener_backends,
     rows,
     scalar,
+    wait_started,
     wait_until,
     worker_processes,
 )
@@ -331,7 +333,7 @@ def test_polling_workers_without_listen_or_maintenance_drain_through_pgbouncer(
 
 
 @needs_pgbouncer
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_a_job_enqueued_through_pgbouncer_wakes_a_worker_listening_directly(
     ledger: Engine, database_url: str, worker_url: str
 ) -> None:
@@ -345,7 +347,8 @@ def test_a_job_enqueued_through_pgbouncer_wakes_a_worker_listening_directly(
                 "--database-url", worker_url, "--listen-url", database_url,
                 "--poll-interval", "10m", "--no-maintenance",
             )  # fmt: skip
-            wait_until(lambda: listener_backends(ledger), 30, "the worker's LISTEN")
+            # After the process's start-up (imports, connections): not what is tested.
+            wait_until(lambda: listener_backends(ledger), START_TIMEOUT, "the worker's LISTEN")
             time.sleep(0.5)  # its first look (after LISTEN) found nothing: now it waits
             with engine.begin() as conn:
                 job_id = sqlaq.enqueue(conn, "record").job_id
@@ -359,7 +362,7 @@ def test_a_job_enqueued_through_pgbouncer_wakes_a_worker_listening_directly(
 
 
 @needs_pgbouncer
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_the_leader_sweeps_through_its_direct_connection(
     committed: Engine, database_url: str, worker_url: str
 ) -> None:
@@ -375,6 +378,7 @@ def test_the_leader_sweeps_through_its_direct_connection(
             "--database-url", worker_url, "--listen-url", database_url,
             "--queue", "elsewhere", "--maintenance-interval", "200ms",
         )  # fmt: skip
+        wait_started(worker)  # its start-up (imports, connections) is not what is tested
         wait_until(lambda: count_status(committed, "failed") == 1, 30, "the expired lease swept")
         # Other advisory locks come and go (a transaction's own); the leader's stays.
         wait_until(
