@@ -1,13 +1,14 @@
 """Where a wake-up goes, stage by stage, and what an idle pause costs a round trip.
 
-    python bench/wake_probe.py [JOBS]
+    python bench/wake_probe.py [JOBS] [def|async]
 
 Two measurements on a database of its own (``bench_wake_probe``, dropped at the end):
 
-1. An in-process default worker (``def`` no-op handler) woken JOBS times (default
-   200), one enqueue every 20 ms on an autocommit engine, the table analyzed: the p50 of
-   each stage, from the enqueue's commit to the listener's callback, to the claiming
-   thread's claim, through the claim, to the handler on its slot thread.
+1. An in-process default worker (a no-op handler, ``def`` unless ``async`` is given)
+   woken JOBS times (default 200), one enqueue every 20 ms on an autocommit engine, the
+   table analyzed: the p50 of each stage, from the enqueue's commit to the listener's
+   callback, to the claiming thread's claim, through the claim, to the runner, to the
+   handler on its slot thread (or the runner's event loop).
 2. Raw psycopg: the worker's own claim statement (prepared, one due job, a 200-row
    analyzed table), committed as usual and as the worker commits it (relaxed: the
    setting inside the statement, ``relaxed_stmt``), and a ``SELECT 1``, with no pause,
@@ -15,7 +16,8 @@ Two measurements on a database of its own (``bench_wake_probe``, dropped at the 
    than the statement, and a commit's WAL flush after an idle moment more still.
 
 The stage timestamps come from wrapping the worker's methods (``Worker._notified``,
-``Fetcher.fetch``, ``Precompiled.run``) in this process: a probe, not a test.
+``Fetcher.fetch``, ``Precompiled.run``, ``Runner.submit``) in this process: a probe, not
+a test.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlaq  # after the path is set, for a run from a clean clone
 from sqlaq import WorkerConfig
-from sqlaq.worker import core, fetcher, precompiled
+from sqlaq.worker import core, fetcher, precompiled, runner
 
 ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"
 DSN = "host=127.0.0.1 user=postgres dbname=bench_wake_probe"
@@ -45,7 +47,7 @@ URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench_wake_probe"
 pc = time.perf_counter
 
 
-def stages(jobs: int) -> None:
+def stages(jobs: int, flavour: str) -> None:
     marks: dict[tuple[int, str], float] = {}
     current: dict[str, int | None] = {"seq": None}
 
@@ -74,13 +76,28 @@ def stages(jobs: int) -> None:
             marks.setdefault((current["seq"], "statement"), pc() - started)
         return result
 
+    submit = runner.Runner.submit
+
+    def on_submit(self: Any, *args: Any) -> None:
+        mark("submitted")
+        submit(self, *args)
+
     core.Worker._notified, fetcher.Fetcher.fetch = on_notify, on_fetch  # type: ignore[method-assign]
     precompiled.Precompiled.run = on_run  # type: ignore[method-assign]
+    runner.Runner.submit = on_submit  # type: ignore[method-assign,assignment]
     registry = sqlaq.Registry()
 
-    @registry.handler("noop")
-    def noop(payload: dict[str, Any]) -> None:
-        marks[(payload["seq"], "handler")] = pc()
+    if flavour == "async":
+
+        @registry.handler("noop")
+        async def noop_async(payload: dict[str, Any]) -> None:
+            marks[(payload["seq"], "handler")] = pc()
+
+    else:
+
+        @registry.handler("noop")
+        def noop(payload: dict[str, Any]) -> None:
+            marks[(payload["seq"], "handler")] = pc()
 
     engine = create_engine(URL)
     producer = create_engine(URL, isolation_level="AUTOCOMMIT")
@@ -108,7 +125,7 @@ def stages(jobs: int) -> None:
         thread.join(10)
         producer.dispose()
         engine.dispose()
-    order = ["commit", "notify", "claim starts", "claim ends", "handler"]
+    order = ["commit", "notify", "claim starts", "claim ends", "submitted", "handler"]
     for first, then in itertools.pairwise(order):
         gaps = [marks[(s, then)] - marks[(s, first)] for s in range(jobs) if (s, then) in marks]
         print(f"  {first:>12} -> {then:<12} p50 {statistics.median(gaps) * 1e3:.3f} ms")
@@ -170,7 +187,7 @@ def idle_cost() -> None:
             )
 
 
-def main(jobs: int = 200) -> None:
+def main(jobs: int = 200, flavour: str = "def") -> None:
     with psycopg.connect(ADMIN, autocommit=True) as admin:
         admin.execute("DROP DATABASE IF EXISTS bench_wake_probe")
         admin.execute("CREATE DATABASE bench_wake_probe")
@@ -180,8 +197,8 @@ def main(jobs: int = 200) -> None:
             sqlaq.migrations.upgrade(conn)
             conn.commit()
         engine.dispose()
-        print("wake-up stages, in-process default worker:")
-        stages(jobs)
+        print(f"wake-up stages, in-process default worker, {flavour} handler:")
+        stages(jobs, flavour)
         print("round trips after an idle pause, raw psycopg:")
         idle_cost()
     finally:
@@ -190,4 +207,5 @@ def main(jobs: int = 200) -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(arg) for arg in sys.argv[1:]))
+    args = sys.argv[1:]
+    main(int(args[0]) if args else 200, args[1] if len(args) > 1 else "def")
