@@ -44,6 +44,23 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *PARALLEL, *session.posargs)
 
 
+#: The newer Pythons the package supports, beside the one nox runs on. Python 3.12 and
+#: later start an async handler's task eagerly (sqlaq.worker.runner), a path the default
+#: interpreter (3.11) does not take.
+NEWER_PYTHONS = ["3.12", "3.13"]
+
+
+@nox.session(python=NEWER_PYTHONS)
+def pythons(session: nox.Session) -> None:
+    """The unit, worker and asyncio tests on Python 3.12 and 3.13 (each found on PATH; with
+    pyenv, ``PYENV_VERSION`` lists the versions to expose, as .ci/run sets it)."""
+    session.install("-e", ".[test]")
+    session.run(
+        "pytest", *PARALLEL, "tests/unit", "tests/worker", "tests/db/test_asyncio.py",
+        *session.posargs,
+    )  # fmt: skip
+
+
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check, and the layering contract (import-linter)."""
