@@ -34,7 +34,7 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = None  # the interpreter nox runs on (>= 3.11)
 #: The suite runs in parallel (pytest-xdist): one process per core, each with a database
 #: of its own (tests/conftest.py). ``nox -s tests -- -n 0`` runs it serially.
-PARALLEL = ["-n", "auto"]
+PARALLEL = ["-n", "auto", "--dist", "loadgroup"]
 
 
 @nox.session(python=PYTHON)

@@ -22,6 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
+import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from worker_app import LEDGER
@@ -35,6 +36,13 @@ TESTS_DIR = Path(__file__).resolve().parent
 #: process. A test waits this long for a first sign of life its point does not depend
 #: on, and runs its tight deadlines from there, not from the start.
 START_TIMEOUT = 60.0
+
+#: The tests that start three or more worker processes at once run one after another on
+#: one xdist process (``--dist loadgroup``, as nox runs the suite): two of them side by
+#: side (ten workers beside four of eight slots each, with their handlers' connections)
+#: can pass a server's 100 connections ("too many clients" seen in the 4 x 4,000 test),
+#: and a handler refused its connection fails its job's attempt.
+MANY_WORKERS = pytest.mark.xdist_group("many_worker_processes")
 
 
 def wait_until(

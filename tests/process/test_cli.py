@@ -48,6 +48,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from workerkit import (
+    MANY_WORKERS,
     START_TIMEOUT,
     TESTS_DIR,
     count_status,
@@ -789,6 +790,7 @@ WORKERS = 10
 SLOW = {"seconds": 60}
 
 
+@MANY_WORKERS
 @pytest.mark.timeout(270)
 def test_two_or_three_signals_in_quick_succession_always_end_the_worker(
     ledger: Engine, database_url: str

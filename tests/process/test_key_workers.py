@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
-from workerkit import count_status, ledger_table, rows, wait_started, wait_until, worker_processes
+from workerkit import (
+    MANY_WORKERS,
+    count_status,
+    ledger_table,
+    rows,
+    wait_started,
+    wait_until,
+    worker_processes,
+)
 
 import sqlaq
 
@@ -112,6 +120,7 @@ def _overlaps(intervals: list[tuple[datetime, datetime]]) -> int:
     return most
 
 
+@MANY_WORKERS
 @pytest.mark.timeout(180)
 def test_three_workers_never_run_more_than_two_of_a_key(ledger: Engine, database_url: str) -> None:
     """30 jobs over 3 keys of a kind with key_concurrency=2, three worker processes of 4

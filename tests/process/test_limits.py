@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, text
-from workerkit import count_status, ledger_table, rows, wait_started, wait_until, worker_processes
+from workerkit import (
+    MANY_WORKERS,
+    count_status,
+    ledger_table,
+    rows,
+    wait_started,
+    wait_until,
+    worker_processes,
+)
 
 import sqlaq
 from sqlaq.limits import MAX_RATE_COUNT, Rate, allowance
@@ -254,6 +262,7 @@ def _overlaps(intervals: list[tuple[datetime, datetime]]) -> int:
     return most
 
 
+@MANY_WORKERS
 @pytest.mark.timeout(210)
 def test_three_workers_never_run_more_than_two_of_a_kind_limited_to_two(
     ledger: Engine, database_url: str

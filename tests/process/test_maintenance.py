@@ -19,6 +19,7 @@ import pytest
 from helpers import expire_lease, job_row
 from sqlalchemy import Connection, Engine, text
 from workerkit import (
+    MANY_WORKERS,
     WorkerProcess,
     count_status,
     libpq_url,
@@ -165,6 +166,7 @@ def add_old_done_jobs(engine: Engine, count: int) -> None:
         )
 
 
+@MANY_WORKERS
 @pytest.mark.timeout(240)
 def test_three_workers_elect_one_leader_that_prunes_and_a_new_one_after_a_kill(
     committed: Engine, database_url: str

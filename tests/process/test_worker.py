@@ -20,6 +20,7 @@ import tenacity
 from sqlalchemy import Engine, text
 from workerkit import (
     FAST,
+    MANY_WORKERS,
     START_TIMEOUT,
     Recorder,
     WorkerProcess,
@@ -63,6 +64,7 @@ def status_is(engine: Engine, job_id: int, *statuses: str) -> bool:
 # -- several worker processes ----------------------------------------------------------
 
 
+@MANY_WORKERS
 @pytest.mark.timeout(390)
 def test_four_workers_times_4000_jobs_each_run_exactly_once(
     ledger: Engine, database_url: str
