@@ -31,6 +31,12 @@ def documented_test_modules() -> list[str]:
     return modules
 
 
+#: The tests that run the plugin create its databases (``sqlaq_pytest_*``) on the same
+#: server: one after another on one xdist process, or one would count the other's
+#: database, still in use, as left behind.
+PLUGIN_DATABASES = pytest.mark.xdist_group("pytest_plugin_databases")
+
+
 def leftover_databases(server_url: str) -> list[str]:
     engine = create_engine(server_url, poolclass=NullPool)
     try:
@@ -43,6 +49,7 @@ def leftover_databases(server_url: str) -> list[str]:
         engine.dispose()
 
 
+@PLUGIN_DATABASES
 @pytest.mark.timeout(120)
 def test_the_documented_test_modules_pass_with_the_plugin(server_url: str, tmp_path: Path) -> None:
     sync, async_ = documented_test_modules()
@@ -83,6 +90,7 @@ def test_without_a_server_the_plugin_says_what_to_set(tmp_path: Path) -> None:
     assert "--sqlaq-database-url or set SQLAQ_TEST_DATABASE_URL" in done.stdout + done.stderr
 
 
+@PLUGIN_DATABASES
 @pytest.mark.timeout(120)
 def test_an_async_database_url_is_used_with_psycopg(server_url: str, tmp_path: Path) -> None:
     """An async application's ``DATABASE_URL`` (asyncpg) works as it is."""
