@@ -827,6 +827,7 @@ def test_two_or_three_signals_in_quick_succession_always_end_the_worker(
         )
         assert len(jobs) == WORKERS, jobs
         assert all(job.status in ("queued", "running") for job in jobs), jobs
+        assert count_status(ledger, "done") == 0
 
 
 @pytest.mark.timeout(120)
