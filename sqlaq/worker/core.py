@@ -394,12 +394,13 @@ class Worker:
             claiming = False
         room = self._room() if claiming else 0
         if room > 0:
-            free = self.config.concurrency - self._runner.busy
+            held = self._runner.busy
+            free = self.config.concurrency - held
             pace = self._pace
             started = monotonic() if pace is not None else 0.0
             claimed = self._fetcher.fetch(room, free, self._stopping.is_set)
             if pace is not None:
-                pace.claimed(room, len(claimed), monotonic() - started)
+                pace.claimed(room, len(claimed), monotonic() - started, started=started, held=held)
                 self._prefetch = pace.prefetch
             if claimed:
                 if self.vacuum is not None:

@@ -16,8 +16,10 @@ worker could start now); at most twice the concurrency, and at most
 jobs a second (a no-op drain: 20,000, so the prefetch reaches its bound), slow ones few
 (ten 1 s handlers finish ten a second, and a 3 ms claim asks for none ahead), so a
 prefetched job waits a few claims' time, never a handler's length, while its lease
-ticks. Measured (bench/RESULTS.md): a 10 ms handler at concurrency 100 settles near 100
-ahead and drains as fast as a hand-set ``prefetch=200``.
+ticks. The pace counts from when work begins (an idle spell restarts its window), so a
+burst is paced from its first jobs' end. Measured (bench/RESULTS.md): a 10 ms handler
+at concurrency 100 settles near 100 ahead and drains as fast as a hand-set
+``prefetch=200``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ MAX_AUTO_PREFETCH = 1000
 #: Claims' worth of jobs held ahead: half is left when the worker tops it up, so two
 #: claims' worth cover the claim in flight and the next.
 CLAIMS_AHEAD = 4.0
-#: The shortest window a jobs/s figure is measured over (seconds).
-RATE_WINDOW = 0.05
+#: The shortest window a jobs/s figure is measured over (seconds): short enough that a
+#: burst of 10 ms jobs is paced from its first round (they end together, 10-15 ms
+#: after its claim), long enough that a figure counts more than a handful of jobs.
+RATE_WINDOW = 0.01
 #: Weight of the newest figure in the running averages.
 SMOOTHING = 0.5
 
@@ -72,8 +76,18 @@ class Pace:
         self._since = now
         self.prefetch = 0
 
-    def claimed(self, asked: int, got: int, seconds: float) -> None:
-        """A claim asked for *asked* jobs, got *got*, and took *seconds*."""
+    def claimed(self, asked: int, got: int, seconds: float, *, started: float, held: int) -> None:
+        """A claim asked for *asked* jobs, got *got*, and took *seconds* from *started*
+        (the clock's time), made while the worker held *held* jobs (running or claimed
+        ahead).
+
+        Holding none, the worker has been idle: a rate window with no job finished in
+        it starts again at this claim. An idle spell is not the jobs' pace; measured
+        over it, a burst after a quiet minute would get no prefetch before its first
+        window had passed.
+        """
+        if not held and not self._finished:
+            self._since = started
         if asked <= 0:
             return
         self.deep = got >= asked
