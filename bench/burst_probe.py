@@ -25,19 +25,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlaq  # after the path is set, for a run from a clean clone
+from bench.scratch import scratch_database
 
-ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"
-URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench_burst_probe"
 pc = time.perf_counter
 
 
-def burst(jobs: int, idle: float) -> float:
+def burst(url: str, jobs: int, idle: float) -> float:
     registry = sqlaq.Registry()
     starts: list[float] = []
 
@@ -46,7 +44,7 @@ def burst(jobs: int, idle: float) -> float:
         starts.append(pc())
         await asyncio.sleep(0.010)
 
-    engine = create_engine(URL)
+    engine = create_engine(url)
     try:
         with engine.begin() as conn:
             conn.execute(text("TRUNCATE sqlaq_jobs"))
@@ -83,21 +81,10 @@ def burst(jobs: int, idle: float) -> float:
 
 
 def main(jobs: int = 500, rounds: int = 5, idle: float = 1.0) -> None:
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute("DROP DATABASE IF EXISTS bench_burst_probe")
-        admin.execute("CREATE DATABASE bench_burst_probe")
-    try:
-        engine = create_engine(URL)
-        with engine.connect() as conn:
-            sqlaq.migrations.upgrade(conn)
-            conn.commit()
-        engine.dispose()
+    with scratch_database("bench_burst_probe") as url:
         print(f"{jobs} async 10 ms jobs after {idle:g} s idle, default worker:")
-        rates = [burst(jobs, idle) for _ in range(rounds)]
+        rates = [burst(url, jobs, idle) for _ in range(rounds)]
         print(f"median {statistics.median(rates):,.0f} jobs/s")
-    finally:
-        with psycopg.connect(ADMIN, autocommit=True) as admin:
-            admin.execute("DROP DATABASE IF EXISTS bench_burst_probe (FORCE)")
 
 
 if __name__ == "__main__":

@@ -38,10 +38,10 @@ from sqlalchemy import create_engine, event, text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlaq  # after the path is set, for a run from a clean clone
+from bench.scratch import scratch_database
 from sqlaq import WorkerConfig
 from sqlaq.worker import core, fetcher, precompiled, runner
 
-ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"
 DSN = "host=127.0.0.1 user=postgres dbname=bench_wake_probe"
 URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench_wake_probe"
 pc = time.perf_counter
@@ -188,22 +188,11 @@ def idle_cost() -> None:
 
 
 def main(jobs: int = 200, flavour: str = "def") -> None:
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute("DROP DATABASE IF EXISTS bench_wake_probe")
-        admin.execute("CREATE DATABASE bench_wake_probe")
-    try:
-        engine = create_engine(URL)
-        with engine.connect() as conn:
-            sqlaq.migrations.upgrade(conn)
-            conn.commit()
-        engine.dispose()
+    with scratch_database("bench_wake_probe"):
         print(f"wake-up stages, in-process default worker, {flavour} handler:")
         stages(jobs, flavour)
         print("round trips after an idle pause, raw psycopg:")
         idle_cost()
-    finally:
-        with psycopg.connect(ADMIN, autocommit=True) as admin:
-            admin.execute("DROP DATABASE IF EXISTS bench_wake_probe (FORCE)")
 
 
 if __name__ == "__main__":
