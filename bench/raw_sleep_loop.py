@@ -59,6 +59,11 @@ update jobs j set status='running', attempts=j.attempts+1, locked_by=%(w)s,
   run_at=now()+interval '5 minutes'
 from picked where j.id = picked.id returning j.id, j.kind, j.payload, j.attempts
 """
+DONE = (
+    "update jobs set status='done', locked_by=null, finished_at=now()"
+    " where id = any(%(ids)s) and locked_by=%(w)s and status='running'"
+)
+
 _RECORD = struct.Struct("<qd")  # the peer bench's handler record: (seq, unix time)
 
 
@@ -66,12 +71,6 @@ def _hook() -> int | None:
     """The peer bench's handler log, opened for appending, if BENCH_HANDLER_LOG names one."""
     path = os.environ.get("BENCH_HANDLER_LOG")
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
-
-
-DONE = (
-    "update jobs set status='done', locked_by=null, finished_at=now()"
-    " where id = any(%(ids)s) and locked_by=%(w)s and status='running'"
-)
 
 
 async def drain(jobs: int, concurrency: int, batch: int) -> float:

@@ -191,10 +191,9 @@ def conn(engine: Engine) -> Iterator[Connection]:
 
 
 #: Empties every table of sqlaq's (the queue, the rate logs, the periodic slots, the
-#: unique_for holds, the workflow edges).
-#: Every table of sqlaq's: heartbeats and paused queues included, or a worker an earlier
-#: test ran on this database (xdist gives each process one) still "serves" its queues for
-#: ``sqlaq.explain`` a few minutes later.
+#: unique_for holds, the workflow edges, the heartbeats, the paused queues): without the
+#: heartbeats, a worker an earlier test ran on this database (xdist gives each process
+#: one) still "serves" its queues for ``sqlaq.explain`` a few minutes later.
 TRUNCATE = (
     "TRUNCATE sqlaq_jobs, sqlaq_rates, sqlaq_periodic, sqlaq_unique_holds, sqlaq_job_deps,"
     " sqlaq_workers, sqlaq_paused_queues"

@@ -400,7 +400,7 @@ class Worker:
             started = monotonic() if pace is not None else 0.0
             claimed = self._fetcher.fetch(room, free, self._stopping.is_set)
             if pace is not None:
-                pace.claimed(room, len(claimed), monotonic() - started, started=started, held=held)
+                pace.claimed(room, len(claimed), started=started, ended=monotonic(), held=held)
                 self._prefetch = pace.prefetch
             if claimed:
                 if self.vacuum is not None:

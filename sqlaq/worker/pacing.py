@@ -76,9 +76,9 @@ class Pace:
         self._since = now
         self.prefetch = 0
 
-    def claimed(self, asked: int, got: int, seconds: float, *, started: float, held: int) -> None:
-        """A claim asked for *asked* jobs, got *got*, and took *seconds* from *started*
-        (the clock's time), made while the worker held *held* jobs (running or claimed
+    def claimed(self, asked: int, got: int, *, started: float, ended: float, held: int) -> None:
+        """A claim asked for *asked* jobs and got *got*, from *started* to *ended* (the
+        clock's times), made while the worker held *held* jobs (running or claimed
         ahead).
 
         Holding none, the worker has been idle: a rate window with no job finished in
@@ -92,7 +92,7 @@ class Pace:
             return
         self.deep = got >= asked
         if got:  # an empty claim is quick and says nothing of a full one's cost
-            previous = self.claim_seconds
+            seconds, previous = ended - started, self.claim_seconds
             self.claim_seconds = (
                 seconds if not previous else previous + SMOOTHING * (seconds - previous)
             )

@@ -42,22 +42,22 @@ def test_the_pace_follows_what_the_worker_observes() -> None:
     assert pace.prefetch == 0
     now = 0.0
     for _ in range(20):  # fast jobs, full claims: the prefetch grows to its bound
-        pace.claimed(asked=100, got=100, seconds=0.004, started=now, held=100)
+        pace.claimed(asked=100, got=100, started=now, ended=now + 0.004, held=100)
         now += 0.01
         pace.finished(200, now)  # 20,000 jobs/s
     assert pace.prefetch == 200
-    pace.claimed(asked=300, got=12, seconds=0.001, started=now, held=100)  # ran dry: none
+    pace.claimed(asked=300, got=12, started=now, ended=now + 0.001, held=100)  # ran dry: none
     assert pace.prefetch == 0
 
     slow = Pace(concurrency=100, now=0.0)
     now = 0.0
     for _ in range(20):  # 1 s handlers, 100 at once: 100 jobs/s
-        slow.claimed(asked=100, got=100, seconds=0.003, started=now, held=100)
+        slow.claimed(asked=100, got=100, started=now, ended=now + 0.003, held=100)
         now += 1.0
         slow.finished(100, now)
     assert slow.prefetch <= 2
     empty = Pace(concurrency=100, now=0.0)
-    empty.claimed(asked=0, got=0, seconds=0.001, started=0.0, held=100)  # asked nothing
+    empty.claimed(asked=0, got=0, started=0.0, ended=0.001, held=100)  # asked nothing
     assert (empty.deep, empty.prefetch) == (False, 0)
 
 
@@ -67,13 +67,13 @@ def test_a_burst_after_an_idle_spell_is_paced_from_its_start() -> None:
     # four claims' worth ahead (134) from the second claim on. Measured over the idle
     # minute instead (1.7 jobs/s), the burst would get one job ahead while it lasts.
     pace = Pace(concurrency=100, now=0.0)
-    pace.claimed(asked=100, got=100, seconds=0.004, started=60.0, held=0)
+    pace.claimed(asked=100, got=100, started=60.0, ended=60.004, held=0)
     assert pace.prefetch == 0  # nothing has finished yet: no pace to go by
     pace.finished(100, 60.012)
     assert pace.prefetch == 134
 
     busy = Pace(concurrency=100, now=0.0)  # the same claim by a worker holding a job
-    busy.claimed(asked=100, got=100, seconds=0.004, started=60.0, held=1)
+    busy.claimed(asked=100, got=100, started=60.0, ended=60.004, held=1)
     busy.finished(100, 60.012)
     assert busy.prefetch == 1
 
@@ -83,7 +83,7 @@ def test_a_window_with_jobs_counted_in_it_is_not_restarted() -> None:
     # the pace, not a new start (their count keeps its elapsed time).
     pace = Pace(concurrency=100, now=0.0)
     pace.finished(50, 0.004)  # too soon for a figure (under RATE_WINDOW)
-    pace.claimed(asked=100, got=100, seconds=0.004, started=0.006, held=0)
+    pace.claimed(asked=100, got=100, started=0.006, ended=0.010, held=0)
     pace.finished(50, 0.010)  # 100 jobs over 10 ms, not over 4 ms
     assert pace.jobs_per_second == pytest.approx(10_000)
     assert pace.prefetch == 160

@@ -43,6 +43,11 @@ def _slot_threads() -> int:
 @pytest.fixture
 def no_slot_threads() -> None:
     # Threads of another test's runner end when it is closed; none may be counted here.
+    _wait_for_closed_slot_threads()
+
+
+def _wait_for_closed_slot_threads() -> None:
+    """Join the slot threads of closed runners (they end when their runner is closed)."""
     for thread in threading.enumerate():
         if thread.name.startswith("sqlaq-slot-"):
             thread.join(5)
@@ -106,10 +111,7 @@ def _threads_for_a_batch_of_quick_runs() -> int:
         used = _slot_threads()
     finally:
         runner.close()
-    for thread in threading.enumerate():  # closed: its threads end
-        if thread.name.startswith("sqlaq-slot-"):
-            thread.join(5)
-    assert _slot_threads() == 0
+    _wait_for_closed_slot_threads()
     return used
 
 
