@@ -65,6 +65,7 @@ class Waker:
         self._set = False
         self._reader: socket.socket | None = None
         self._writer: socket.socket | None = None
+        self._reader_fd = -1
 
     def open(self) -> None:
         """Create the socket pair (the waiting thread, before it first waits)."""
@@ -72,6 +73,7 @@ class Waker:
         reader.setblocking(False)
         writer.setblocking(False)
         self._reader, self._writer = reader, writer
+        self._reader_fd = reader.fileno()
 
     def close(self) -> None:
         """Close the socket pair (the waiting thread, after it last waits)."""
@@ -96,12 +98,21 @@ class Waker:
         return self._set
 
     def clear(self) -> None:
-        """Lower the flag, then drain the pair. A :meth:`set` after the flag is lowered
-        raises it again (and writes a byte, which the drain may take: the raised flag
-        then ends the next :meth:`wait` at once). Draining first would lose a
-        :meth:`set` made between the two: it would find the flag still raised, write
+        """Lower the flag, then drain the pair if the flag was raised. A :meth:`set`
+        writes a byte only when it raises the flag, so a lowered flag leaves no byte to
+        drain (a wake-up by the other socket, a notification, costs no system call
+        here) but one written by a :meth:`set` racing this clear: the next :meth:`wait`
+        then finds it, returns at once and drains it. A :meth:`set` after the flag is
+        lowered raises it again (and writes a byte, which the drain may take: the
+        raised flag then ends the next :meth:`wait` at once). Draining first would lose
+        a :meth:`set` made between the two: it would find the flag still raised, write
         nothing, and the flag would then be lowered with nothing to wake the sleeper."""
+        raised = self._set
         self._set = False
+        if raised:
+            self._drain()
+
+    def _drain(self) -> None:
         reader = self._reader
         if reader is not None:
             try:
@@ -122,7 +133,9 @@ class Waker:
         poller.register(reader, select.POLLIN)
         if fileno is not None:
             poller.register(fileno, select.POLLIN)
-        poller.poll(None if timeout is None else timeout * 1000)
+        for fd, _ in poller.poll(None if timeout is None else timeout * 1000):
+            if fd == self._reader_fd:  # a set() that raced the last clear(): drain it
+                self._drain()
 
 
 class Listener:
@@ -192,8 +205,10 @@ class Listener:
             pgconn.consume_input()
             if pgconn.status != ConnStatus.OK:
                 raise psycopg.OperationalError("the listener's connection is closed")
-            encoding = conn.info.encoding
             notify = pgconn.notifies()
+            if notify is None:  # most turns of a busy worker: nothing more to look up
+                return
+            encoding = conn.info.encoding
             while notify is not None:
                 self._on_notify(notify.relname.decode(encoding), notify.extra.decode(encoding))
                 notify = pgconn.notifies()

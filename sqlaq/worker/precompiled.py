@@ -5,12 +5,17 @@ connection it last ran on.
 
 A statement run this way skips SQLAlchemy's execution path (its per-execution setup and
 its result rows), about a fifth of a millisecond of the GIL per statement, and more per
-row returned. Its ``jsonb`` columns are read by the JSON scanner itself: psycopg's
-default hands the bytes to ``json.loads``, which first guesses their encoding and then
-matches whitespace around the value twice, and the server's ``jsonb`` text is UTF-8,
-with no byte order mark and no whitespace around the value. The value is the one
-``json.loads`` returns (text it would refuse goes to it, to be refused as it would be);
-an engine given a ``json_deserializer`` of its own keeps it.
+row returned. Its rows come back in PostgreSQL's binary format: the server sends a
+``timestamptz`` as its microseconds rather than formatting it in the session's time zone
+(the claim returns two, and a ``uuid``, an ``interval`` and two ``jsonb``), which takes
+about 0.04 ms off a claim right after an idle moment (``bench/RESULTS.md``, "The
+wake-up"); psycopg reads each type to the same Python value as from text. Its ``jsonb``
+columns are read by the JSON scanner itself: psycopg's default hands the bytes to
+``json.loads``, which first guesses their encoding and then matches whitespace around
+the value twice, and the server's ``jsonb`` is UTF-8 text (after a version byte, in
+binary), with no byte order mark and no whitespace around the value. The value is the
+one ``json.loads`` returns (text it would refuse goes to it, to be refused as it would
+be); an engine given a ``json_deserializer`` of its own keeps it.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from typing import Any, TypeVar
 
 from psycopg.abc import Buffer
 from psycopg.adapt import Loader
+from psycopg.errors import DataError
 from psycopg.pq import Format
-from psycopg.types.json import JsonbLoader
+from psycopg.types.json import JsonbBinaryLoader
 from sqlalchemy import Connection
 
 from sqlaq.drive import PerEngine, Plan, per_engine
@@ -41,17 +47,28 @@ _Entry = tuple[Any, Any, str | None, dict[str, Any] | None]
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-class _JsonbText(Loader):
-    """``jsonb`` in text, as ``json.loads`` reads it: UTF-8 (``surrogatepass``, as it
-    decodes bytes) to str, then one value scanned from its start to its end."""
+def _json_value(text: str) -> Any:
+    """One JSON value scanned from the start of *text* to its end, as ``json.loads``
+    reads it (text it refuses goes to it, to be refused as it would be)."""
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:  # not JSON: json.loads says why
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
+
+
+class _JsonbBinary(Loader):
+    """``jsonb`` in binary, as ``json.loads`` reads it: a version byte (1, the only one
+    there is; psycopg's own loader refuses any other likewise), then UTF-8 text
+    (``surrogatepass``, as ``json.loads`` decodes bytes) holding one value."""
+
+    format = Format.BINARY
 
     def load(self, data: Buffer) -> Any:
-        text = str(data, "utf-8", "surrogatepass")
-        try:
-            value, end = _scan(text, 0)
-        except StopIteration:  # not JSON: json.loads says why
-            return json.loads(text)
-        return value if end == len(text) else json.loads(text)
+        view = memoryview(data)
+        if view and view[0] != 1:
+            raise DataError(f"unknown jsonb binary format: {view[0]}")
+        return _json_value(str(view[1:], "utf-8", "surrogatepass"))
 
 
 class _Rows(list[Any]):
@@ -132,11 +149,12 @@ class Precompiled:
         cached = self._cursor
         if cached is not None and cached[0] is driver and not cached[1].closed:
             return cached[1]
-        cursor = driver.cursor()
-        # Only in place of psycopg's own loader: a json_deserializer the engine was
+        cursor = driver.cursor(binary=True)
+        # Only in place of psycopg's own loaders: a json_deserializer the engine was
         # given (psycopg's set_json_loads) is the application's to keep.
-        if driver.adapters.get_loader(_JSONB_OID, Format.TEXT) is JsonbLoader:
-            cursor.adapters.register_loader(_JSONB_OID, _JsonbText)
+        adapters = driver.adapters
+        if adapters.get_loader(_JSONB_OID, Format.BINARY) is JsonbBinaryLoader:
+            cursor.adapters.register_loader(_JSONB_OID, _JsonbBinary)
         self._cursor = (driver, cursor)
         return cursor
 

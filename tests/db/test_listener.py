@@ -82,6 +82,20 @@ def test_a_set_made_while_the_sleeper_clears_is_not_lost(waker: Waker) -> None:
     assert waker.is_set()
 
 
+@pytest.mark.timeout(20)
+def test_a_byte_a_set_left_past_a_clear_is_drained_by_the_next_wait(waker: Waker) -> None:
+    # A set() between clear()'s look at the flag and its lowering: the flag ends lowered
+    # with the set()'s byte in the pair. The next wait returns at once (the set is not
+    # lost) and takes the byte, so the wait after it sleeps instead of spinning.
+    waker.set()
+    waker._set = False  # lowered by the racing clear(), which then drains nothing
+    waker.wait(None)  # returns: the byte (were it not there, the test's timeout)
+    reader = waker._reader
+    assert reader is not None
+    with pytest.raises(BlockingIOError):
+        reader.recv(1)  # drained by the wait
+
+
 def test_a_waker_set_before_it_opens_or_after_it_closes_only_raises_its_flag() -> None:
     waker = Waker()
     waker.set()  # nobody waits yet: no socket to write to

@@ -5,16 +5,16 @@ payloads exactly as SQLAlchemy's path does: psycopg's ``json.loads``, or the eng
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import uuid4
 
 import pytest
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import Engine, create_engine, func, select, text, update
 
 import sqlaq
-from sqlaq import ops
-from sqlaq.drive import plan_of
+from sqlaq import ops, schema
+from sqlaq.drive import Plan, plan_of
 from sqlaq.worker.precompiled import Precompiled
 
 PAYLOADS: list[Any] = [
@@ -60,6 +60,57 @@ def test_an_engine_s_json_deserializer_is_kept(committed: Engine, enqueued: list
     decoded = claimed[enqueued[1]]
     assert decoded["decoded by"] == "the app"  # psycopg hands the loader bytes
     assert json.loads(decoded["text"]) == {"seq": 12345}
+
+
+def test_every_column_reads_as_sqlalchemy_reads_it(committed: Engine) -> None:
+    # The cursor reads rows in binary: each column type of the jobs table must come back
+    # as the same Python value (and type) as SQLAlchemy's own path reads it in text.
+    with committed.begin() as conn:
+        parent = sqlaq.enqueue(conn, "k", {"n": 1}, queue="precompiled").job_id
+        child = sqlaq.enqueue(
+            conn,
+            "k",
+            PAYLOADS[2],
+            queue="precompiled",
+            priority=-3,
+            timeout=timedelta(days=1, seconds=3, microseconds=500),
+            key="tenant é",
+            run_at=datetime(2001, 2, 3, 4, 5, 6, 789, tzinfo=timezone(timedelta(hours=5))),
+            after=[parent],
+        ).job_id
+        conn.execute(
+            update(schema.jobs)
+            .where(schema.jobs.c.id == child)
+            .values(
+                headers={"trace": "t"},
+                result=[1, "two"],
+                lease_token=uuid4(),
+                locked_by=uuid4(),
+                dedupe_key="d",
+                debounce_key="b",
+                last_error="e",
+                attempted_at=func.now(),
+                finished_at=func.now(),
+            )
+        )
+    # Every column but parent_ids, whose array SQLAlchemy converts itself (a statement
+    # returning it is run by SQLAlchemy, as every statement a converter needs).
+    columns = [c for c in schema.jobs.c if c.name != "parent_ids"]
+    jobs = schema.jobs.c
+    statement = select(*columns).where(jobs.id.between(parent, child)).order_by(jobs.id)
+
+    def rows() -> Plan[list[Any]]:
+        return list((yield statement, None).all())
+
+    precompiled = Precompiled()
+    with committed.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        read = precompiled.run(conn, rows())
+        assert precompiled._cursor is not None  # run on the driver's cursor, not by SQLAlchemy
+        expected = [tuple(row) for row in conn.execute(statement)]
+    assert [tuple(row) for row in read] == expected
+    assert [[type(v) for v in row] for row in read] == [[type(v) for v in r] for r in expected]
+    assert None not in read[1]  # every column of the child has a value: every type is read
 
 
 def test_claims_narrowed_by_ever_new_clauses_keep_its_cache_bounded(committed: Engine) -> None:
