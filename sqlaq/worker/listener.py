@@ -170,6 +170,7 @@ class Listener:
         self._lost = threading.Event()  # the owner dropped the connection, or stop()
         self._lock = threading.Lock()  # publishing, dropping and closing the connection
         self._conn: psycopg.Connection[Any] | None = None  # published: the owner reads it
+        self._encoding = "utf-8"  # the published connection's client encoding
         self._thread = threading.Thread(target=self._run, name="sqlaq-listener", daemon=True)
         #: Set while LISTEN is in effect; cleared while the connection is down.
         self.listening = threading.Event()
@@ -206,9 +207,7 @@ class Listener:
             if pgconn.status != ConnStatus.OK:
                 raise psycopg.OperationalError("the listener's connection is closed")
             notify = pgconn.notifies()
-            if notify is None:  # most turns of a busy worker: nothing more to look up
-                return
-            encoding = conn.info.encoding
+            encoding = self._encoding
             while notify is not None:
                 self._on_notify(notify.relname.decode(encoding), notify.extra.decode(encoding))
                 notify = pgconn.notifies()
@@ -245,6 +244,8 @@ class Listener:
                     conn.close()
                     return
                 self._lost.clear()
+                # Looked up once: no statement but the LISTEN runs on it to change it.
+                self._encoding = conn.info.encoding
                 self._conn = conn
                 self.listening.set()
             _log.info("listening for notifications")
