@@ -4,28 +4,30 @@
 
 Two measurements on a database of its own (``bench_wake_probe``, dropped at the end):
 
-1. An in-process default worker (a no-op handler, ``def`` unless ``async`` is given)
-   woken JOBS times (default 200), one enqueue every 20 ms on an autocommit engine, the
-   table analyzed: the p50 of each stage, from the enqueue's commit to the listener's
-   callback, to the claiming thread's claim, through the claim, to the runner, to the
-   handler on its slot thread (or the runner's event loop).
+1. ``sqlaq-worker`` at its defaults, in a process of its own as the peer bench runs it,
+   with a no-op handler (``def`` unless ``async`` is given) and ``bench/wake_marks.py``
+   timing its run thread; woken JOBS times (default 200), one enqueue every 20 ms from
+   this process, the table analyzed. It prints the p50 of each stage of a wake-up: from
+   the run thread's wait returning (the NOTIFY readable) to the notification taken in,
+   to the claim sent, through the claim's statement, to the job handed to the runner,
+   to the run thread waiting again, to the handler's first line (on a slot thread or
+   the runner's event loop); and from the enqueue's commit to the handler.
 2. Raw psycopg: the worker's own claim statement (prepared, one due job, a 200-row
    analyzed table), committed as usual and as the worker commits it (relaxed: the
    setting inside the statement, ``relaxed_stmt``), and a ``SELECT 1``, with no pause,
    2 ms and 20 ms before each: on a VM, waking a process that has been idle costs more
    than the statement, and a commit's WAL flush after an idle moment more still.
-
-The stage timestamps come from wrapping the worker's methods (``Worker._notified``,
-``Fetcher.fetch``, ``Precompiled.run``, ``Runner.submit``) in this process: a probe, not
-a test.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import statistics
+import subprocess
 import sys
-import threading
+import tempfile
 import time
 import uuid
 from datetime import timedelta
@@ -39,102 +41,70 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlaq  # after the path is set, for a run from a clean clone
 from bench.scratch import scratch_database
-from sqlaq import WorkerConfig
-from sqlaq.worker import core, fetcher, precompiled, runner
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DSN = "host=127.0.0.1 user=postgres dbname=bench_wake_probe"
 URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench_wake_probe"
 pc = time.perf_counter
+#: The stages of a wake-up on the run thread, in order (bench/wake_marks.py).
+STAGES = ("woken", "notified", "claim sent", "claim answered", "handed over", "waits")
 
 
 def stages(jobs: int, flavour: str) -> None:
-    marks: dict[tuple[int, str], float] = {}
-    current: dict[str, int | None] = {"seq": None}
-
-    def mark(stage: str) -> None:
-        seq = current["seq"]
-        if seq is not None:
-            marks.setdefault((seq, stage), pc())
-
-    notified, fetch, run = core.Worker._notified, fetcher.Fetcher.fetch, precompiled.Precompiled.run
-
-    def on_notify(self: Any, *args: Any) -> None:
-        mark("notify")
-        notified(self, *args)
-
-    def on_fetch(self: Any, *args: Any) -> Any:
-        mark("claim starts")
-        claimed = fetch(self, *args)
-        if claimed:
-            mark("claim ends")
-        return claimed
-
-    def on_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        started = pc()
-        result = run(self, *args, **kwargs)
-        if result and current["seq"] is not None:
-            marks.setdefault((current["seq"], "statement"), pc() - started)
-        return result
-
-    submit = runner.Runner.submit
-
-    def on_submit(self: Any, *args: Any) -> None:
-        mark("submitted")
-        submit(self, *args)
-
-    core.Worker._notified, fetcher.Fetcher.fetch = on_notify, on_fetch  # type: ignore[method-assign]
-    precompiled.Precompiled.run = on_run  # type: ignore[method-assign]
-    runner.Runner.submit = on_submit  # type: ignore[method-assign,assignment]
-    registry = sqlaq.Registry()
-
-    if flavour == "async":
-
-        @registry.handler("noop")
-        async def noop_async(payload: dict[str, Any]) -> None:
-            marks[(payload["seq"], "handler")] = pc()
-
-    else:
-
-        @registry.handler("noop")
-        def noop(payload: dict[str, Any]) -> None:
-            marks[(payload["seq"], "handler")] = pc()
-
-    engine = create_engine(URL)
-    producer = create_engine(URL, isolation_level="AUTOCOMMIT")
-    worker = sqlaq.Worker(engine, registry, WorkerConfig())
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        worker.started.wait(10)
-        for seq in range(-5, 0):  # warm-up: prepared statements, threads
-            with producer.connect() as conn:
-                sqlaq.enqueue(conn, "noop", {"seq": seq})
-            time.sleep(0.05)
-        with producer.connect() as conn:
-            conn.execute(text("ANALYZE sqlaq_jobs"))
-        time.sleep(0.5)
-        for seq in range(jobs):
-            current["seq"] = seq
-            with producer.connect() as conn:
-                sqlaq.enqueue(conn, "noop", {"seq": seq})
-            marks[(seq, "commit")] = pc()
-            time.sleep(0.02)  # the peer bench's spacing
-        time.sleep(0.5)
-    finally:
-        worker.stop()
-        thread.join(10)
-        producer.dispose()
-        engine.dispose()
-    order = ["commit", "notify", "claim starts", "claim ends", "submitted", "handler"]
-    for first, then in itertools.pairwise(order):
-        gaps = [marks[(s, then)] - marks[(s, first)] for s in range(jobs) if (s, then) in marks]
-        print(f"  {first:>12} -> {then:<12} p50 {statistics.median(gaps) * 1e3:.3f} ms")
-    statement = [marks[(s, "statement")] for s in range(jobs) if (s, "statement") in marks]
-    print(f"  the claim's statement alone p50 {statistics.median(statement) * 1e3:.3f} ms")
-    total = [
-        marks[(s, "handler")] - marks[(s, "commit")] for s in range(jobs) if (s, "handler") in marks
-    ]
-    print(f"  commit -> handler p50 {statistics.median(total) * 1e3:.3f} ms ({len(total)} jobs)")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "marks"
+        environ = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "WAKE_MARKS_OUT": str(out),
+            "WAKE_MARKS_FLAVOUR": flavour,
+        }
+        argv = [sys.executable, "-c", "from sqlaq.cli import worker_main; worker_main()"]
+        argv += ["bench.wake_marks:registry", "--database-url", URL, "--log-level", "warning"]
+        worker = subprocess.Popen(argv, env=environ)
+        engine = create_engine(URL)
+        commits: dict[int, float] = {}
+        try:
+            time.sleep(2)  # started and listening
+            for seq in range(-5, 0):  # warm-up: prepared statements, threads
+                with engine.begin() as conn:
+                    sqlaq.enqueue(conn, "noop", {"seq": seq})
+                time.sleep(0.05)
+            with engine.begin() as conn:
+                conn.execute(text("ANALYZE sqlaq_jobs"))
+            time.sleep(0.5)
+            for seq in range(jobs):
+                with engine.begin() as conn:
+                    sqlaq.enqueue(conn, "noop", {"seq": seq})
+                commits[seq] = time.time()
+                time.sleep(0.02)  # the peer bench's spacing
+            time.sleep(0.5)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+            engine.dispose()
+        marks = [line.split("\t") for line in out.read_text().splitlines()]
+    gaps: dict[tuple[str, str], list[float]] = {}
+    totals: list[float] = []
+    seen: dict[str, float] = {}
+    for stage, at, extra in marks:
+        if stage == "woken":
+            seen = {}
+        if stage != "handler":
+            seen.setdefault(stage, float(at))  # the first of each in this turn
+            continue
+        seq, wall = extra.split()
+        if int(seq) < 0 or "claim sent" not in seen:
+            continue
+        order = [s for s in STAGES if s in seen] + ["handler"]
+        seen["handler"] = float(at)
+        for first, then in itertools.pairwise(order):
+            gaps.setdefault((first, then), []).append(seen[then] - seen[first])
+        totals.append(float(wall) - commits[int(seq)])
+    for (first, then), values in gaps.items():
+        print(f"  {first:>14} -> {then:<14} p50 {statistics.median(values) * 1e3:.3f} ms")
+    print(f"  commit -> handler p50 {statistics.median(totals) * 1e3:.3f} ms ({len(totals)} jobs)")
 
 
 def idle_cost() -> None:
@@ -189,7 +159,7 @@ def idle_cost() -> None:
 
 def main(jobs: int = 200, flavour: str = "def") -> None:
     with scratch_database("bench_wake_probe"):
-        print(f"wake-up stages, in-process default worker, {flavour} handler:")
+        print(f"wake-up stages, sqlaq-worker at its defaults, {flavour} handler:")
         stages(jobs, flavour)
         print("round trips after an idle pause, raw psycopg:")
         idle_cost()
