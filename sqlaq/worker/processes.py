@@ -463,14 +463,24 @@ class ProcessPool:
             return
         for child, answered in ready:
             if child is None:  # the wake-up pipe
-                with self._lock:
-                    self._poked = False
-                while self._wake_reader.poll():
-                    self._wake_reader.recv_bytes()
+                self._woken()
             elif child in self._children:
                 self._read(child, answered)
         self._expire()
         self._flush()
+
+    def _woken(self) -> None:
+        """Empty the wake-up pipe, then lower the flag. In that order: a :meth:`_poke`
+        between the two finds the flag raised and writes nothing, and what it was for
+        is already in the lists the next turn reads; the other way round, a poke
+        between lowering and emptying would have its byte taken and leave the flag
+        raised with the pipe empty, so no later poke would write one and the
+        dispatcher would sleep through every submit until a child answered (a job
+        claimed while every child was idle, never started)."""
+        while self._wake_reader.poll():
+            self._wake_reader.recv_bytes()
+        with self._lock:
+            self._poked = False
 
     def _ready(self, timeout: float | None) -> list[tuple[_Child | None, bool]]:
         """Wait for the wake-up pipe or a child (its pipe: True; its death: False).
