@@ -65,7 +65,6 @@ class Waker:
         self._set = False
         self._reader: socket.socket | None = None
         self._writer: socket.socket | None = None
-        self._reader_fd = -1
 
     def open(self) -> None:
         """Create the socket pair (the waiting thread, before it first waits)."""
@@ -73,7 +72,6 @@ class Waker:
         reader.setblocking(False)
         writer.setblocking(False)
         self._reader, self._writer = reader, writer
-        self._reader_fd = reader.fileno()
 
     def close(self) -> None:
         """Close the socket pair (the waiting thread, after it last waits)."""
@@ -134,7 +132,7 @@ class Waker:
         if fileno is not None:
             poller.register(fileno, select.POLLIN)
         for fd, _ in poller.poll(None if timeout is None else timeout * 1000):
-            if fd == self._reader_fd:  # a set() that raced the last clear(): drain it
+            if fd == reader.fileno():  # a set() that raced the last clear(): drain it
                 self._drain()
 
 

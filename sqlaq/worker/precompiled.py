@@ -8,8 +8,8 @@ its result rows), about a fifth of a millisecond of the GIL per statement, and m
 row returned. Its rows come back in PostgreSQL's binary format: the server sends a
 ``timestamptz`` as its microseconds rather than formatting it in the session's time zone
 (the claim returns two, and a ``uuid``, an ``interval`` and two ``jsonb``), which takes
-about 0.04 ms off a claim right after an idle moment (``bench/RESULTS.md``, "The
-wake-up"); psycopg reads each type to the same Python value as from text. Its ``jsonb``
+about 0.04 ms off a claim right after an idle moment (``bench/RESULTS.md``, "A fourth
+machine"); psycopg reads each type to the same Python value as from text. Its ``jsonb``
 columns are read by the JSON scanner itself: psycopg's default hands the bytes to
 ``json.loads``, which first guesses their encoding and then matches whitespace around
 the value twice, and the server's ``jsonb`` is UTF-8 text (after a version byte, in
