@@ -37,6 +37,22 @@ def documented_test_modules() -> list[str]:
 PLUGIN_DATABASES = pytest.mark.xdist_group("pytest_plugin_databases")
 
 
+#: A conftest.py beside the documented modules: it writes the name of the database the
+#: plugin made for the run, so the test checks that one was dropped (another run of the
+#: plugin on the same server, such as a developer's, may have one of its own meanwhile).
+RECORD_DATABASE = """
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _record_the_database(sqlaq_database_url):
+    Path("database.txt").write_text(make_url(sqlaq_database_url).database)
+"""
+
+
 def leftover_databases(server_url: str) -> list[str]:
     engine = create_engine(server_url, poolclass=NullPool)
     try:
@@ -55,9 +71,9 @@ def test_the_documented_test_modules_pass_with_the_plugin(server_url: str, tmp_p
     sync, async_ = documented_test_modules()
     (tmp_path / "test_jobs.py").write_text(sync)
     (tmp_path / "test_async_jobs.py").write_text(async_)
+    (tmp_path / "conftest.py").write_text(RECORD_DATABASE)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SQLAQ_", "PYTEST_"))}
     env["SQLAQ_TEST_DATABASE_URL"] = server_url
-    before = set(leftover_databases(server_url))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "."],
         cwd=tmp_path,
@@ -68,7 +84,9 @@ def test_the_documented_test_modules_pass_with_the_plugin(server_url: str, tmp_p
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
-    assert set(leftover_databases(server_url)) <= before  # its database was dropped
+    made = (tmp_path / "database.txt").read_text()
+    assert made.startswith("sqlaq_pytest_")
+    assert made not in leftover_databases(server_url)  # its database was dropped
 
 
 def test_without_a_server_the_plugin_says_what_to_set(tmp_path: Path) -> None:
