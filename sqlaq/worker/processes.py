@@ -47,6 +47,10 @@ writer) is unchanged:
   when the worker closes, idle children are told to exit and children still running
   a job (handed back already) are killed.
 
+This module is the dispatcher: which job goes to which child, deadlines, deaths,
+replacements, reports. A child itself (the parent's handle on it, the messages both
+ends speak, the loop that runs in the child) is :mod:`sqlaq.worker.child`.
+
 Why not a library: ``concurrent.futures.ProcessPoolExecutor`` cannot kill one task,
 and a dead child breaks the whole pool; ``pebble`` kills per task and limits tasks per
 child, but has no memory ceiling and keeps a thread of its own per task. A child per
@@ -56,31 +60,25 @@ per job of one message each way.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 import logging
 import multiprocessing
 import os
 import pickle
 import selectors
-import signal
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
-from datetime import timedelta
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
+from collections.abc import Callable, Iterable
+from multiprocessing.connection import wait
 from time import monotonic, perf_counter
 from typing import Any
 
 from sqlaq import tracing
 from sqlaq.config import WorkerConfig
-from sqlaq.context import JobContext, bind, unbind
 from sqlaq.errors import ConfigError, HandlerProcessDied
-from sqlaq.lease import Lease
-from sqlaq.outcome import CANCELLED, Outcome, Verdict, decide, describe_error
+from sqlaq.outcome import CANCELLED, Outcome, Verdict, decide
 from sqlaq.registry import Handler
+from sqlaq.worker.child import CLOSE_SECONDS, Child, Sent, job_message, read_answer, serve
 from sqlaq.worker.run import Finished, Run, in_a_process, timed_out
 
 __all__ = [
@@ -89,17 +87,12 @@ __all__ = [
     "for_worker",
     "handler_reference",
     "in_a_process",
-    "resident_memory",
 ]
 
 _log = logging.getLogger("sqlaq.worker")
 
-#: How long a closing pool waits for an idle child to exit before killing it.
-CLOSE_SECONDS = 2.0
 #: How long a starting worker waits for its children to import their handlers.
 READY_SECONDS = 60.0
-#: What a child sends once it has imported its handlers.
-_READY = b"ready"
 #: A child whose last job ran less than this many seconds gets its next job while it
 #: runs the current one (it waits in its pipe): between two short jobs, the child does
 #: not wait for the worker's turn. Longer jobs are sent to a child only once it is
@@ -168,106 +161,6 @@ def handler_reference(handler: Handler) -> bytes:
         ) from None
 
 
-def resident_memory() -> int:
-    """This process's resident memory in bytes: ``/proc/self/statm`` on Linux (the
-    current RSS); elsewhere the peak RSS (``getrusage``), which only grows."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-        import sys
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-class _Sent:
-    """A run sent to a child: running, or waiting in the child's pipe behind its run."""
-
-    __slots__ = ("deadline", "run", "size", "span", "started")
-
-    def __init__(self, run: Run, size: int) -> None:
-        self.run = run
-        self.size = size  # of its message
-        self.span: tracing.AttemptSpan | None = None
-        self.started = 0.0  # perf_counter when it started
-        self.deadline: float | None = None  # monotonic
-
-    def begin(self) -> None:
-        """It starts now: its duration and its deadline count from here."""
-        self.started = perf_counter()
-        timeout = self.run.timeout
-        if timeout is not None:
-            self.deadline = monotonic() + timeout.total_seconds()
-        self.span = tracing.span_for(self.run, current=False)
-
-
-class _Child:
-    """One child process, the parent's end of its pipe, and the runs sent to it."""
-
-    __slots__ = (
-        "cancelled",
-        "conn",
-        "jobs",
-        "last",
-        "process",
-        "ready",
-        "retiring",
-        "runs",
-        "sent",
-    )
-
-    def __init__(self, process: BaseProcess, conn: Connection) -> None:
-        self.process = process
-        self.conn = conn
-        self.jobs = 0  # answered
-        self.sent = 0  # jobs sent
-        self.cancelled = False
-        self.ready = False  # it said it imported its handlers
-        self.retiring = False  # no job more: it ends once its runs are answered
-        self.last: float | None = None  # how long its last job ran (seconds)
-        # The run it runs first, then at most one waiting in its pipe.
-        self.runs: deque[_Sent] = deque()
-
-    def wait_ready(self, timeout: float | None = None) -> bool:
-        """Wait until it has imported its handlers (a job's deadline starts after
-        that); False if it died first, or is still starting after *timeout*."""
-        if not wait([self.conn, self.process.sentinel], timeout):
-            return False
-        try:
-            self.ready = self.conn.poll() and self.conn.recv_bytes() == _READY
-        except (EOFError, OSError):
-            self.ready = False
-        return self.ready
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
-
-    def kill(self) -> None:
-        """SIGKILL to its process group (what its handler started dies with it), or
-        to it alone before it made that group."""
-        pid = self.process.pid
-        killpg = getattr(os, "killpg", None)
-        if pid is not None and killpg is not None and self.process.exitcode is None:
-            try:
-                killpg(pid, signal.SIGKILL)
-                return
-            except OSError:  # no such group yet (it is starting): the child alone
-                pass
-        with contextlib.suppress(OSError, ValueError):  # gone already, or closed
-            self.process.kill()
-
-    def reap(self, timeout: float | None = None) -> None:
-        """Wait for it to end (it was killed or told to exit), then free its pipe."""
-        self.process.join(timeout)
-        if self.process.exitcode is None:
-            self.kill()
-            self.process.join()
-        self.conn.close()
-
-
 class ProcessPool:
     """Up to *size* child processes running sync handlers, one job each at a time.
 
@@ -309,14 +202,14 @@ class ProcessPool:
         self._lock = threading.Lock()  # guards the lists below, filled by other threads
         self._waiting: deque[Run] = deque()  # submitted, not sent to a child
         self._cancels: list[Run] = []  # cancelled since the dispatcher last looked
-        self._children: list[_Child] = []  # alive (or not yet seen dead)
+        self._children: list[Child] = []  # alive (or not yet seen dead)
         self._closed = False
         self._poked = False  # a byte is in the wake-up pipe, not read yet
         self._wake_reader, self._wake_writer = self._context.Pipe(duplex=False)
         self._thread: threading.Thread | None = None
         self._finished: list[Finished] = []  # reported by the next flush (the dispatcher's)
         self._selector: selectors.BaseSelector | None = None  # the dispatcher's
-        self._watched: list[_Child] = []  # the children its selector watches
+        self._watched: list[Child] = []  # the children its selector watches
         self._report_at = 0.0  # monotonic: when they are reported at the latest
 
     @property
@@ -377,7 +270,7 @@ class ProcessPool:
         :data:`READY_SECONDS`), as the worker starts: it claims no job before a child
         can run it, and the first jobs do not wait for an interpreter to start. Then
         the dispatcher starts."""
-        started: list[_Child] = []
+        started: list[Child] = []
         with self._lock:
             while not self._closed and len(self._children) < self._size:
                 child = self._start()
@@ -394,12 +287,12 @@ class ProcessPool:
                 continue
             with self._lock:  # it died as it started: the first job starts another
                 self._children.remove(child)
-            _log.error("a handler process died as it started: %s", _ending(child, "at start"))
+            _log.error("a handler process died as it started: %s", child.ending("at start"))
             child.reap()
         self._thread = threading.Thread(target=self._serve, name="sqlaq-processes", daemon=True)
         self._thread.start()
 
-    def _start(self) -> _Child:
+    def _start(self) -> Child:
         ours, theirs = self._context.Pipe(duplex=True)
         process = self._context.Process(
             target=serve,
@@ -410,7 +303,7 @@ class ProcessPool:
         process.start()
         theirs.close()
         _log.debug("handler process started", extra={"pid": process.pid})
-        return _Child(process, ours)
+        return Child(process, ours)
 
     def close(self) -> None:
         """Idle children exit; children still running a job are killed (their jobs
@@ -482,12 +375,12 @@ class ProcessPool:
         with self._lock:
             self._poked = False
 
-    def _ready(self, timeout: float | None) -> list[tuple[_Child | None, bool]]:
+    def _ready(self, timeout: float | None) -> list[tuple[Child | None, bool]]:
         """Wait for the wake-up pipe or a child (its pipe: True; its death: False).
         One selector kept while the children stay the same (on POSIX; elsewhere
         ``multiprocessing.connection.wait`` each time)."""
         if os.name != "posix":
-            objects: dict[Any, tuple[_Child | None, bool]] = {self._wake_reader: (None, True)}
+            objects: dict[Any, tuple[Child | None, bool]] = {self._wake_reader: (None, True)}
             for child in self._children:
                 objects[child.conn] = (child, True)
                 objects[child.process.sentinel] = (child, False)
@@ -522,7 +415,7 @@ class ProcessPool:
                     if self._send(child, run) or not run.context.cancelled:
                         break  # sent; or back in line (too large to wait, or it died)
 
-    def _takes(self, child: _Child, behind: bool) -> bool:
+    def _takes(self, child: Child, behind: bool) -> bool:
         if not child.ready or child.retiring or child not in self._children:
             return False
         if self._max_jobs and child.sent >= self._max_jobs:
@@ -535,7 +428,7 @@ class ProcessPool:
             and child.last < PIPELINE_SECONDS
         )
 
-    def _send(self, child: _Child, run: Run) -> bool:
+    def _send(self, child: Child, run: Run) -> bool:
         """Send *run* to *child*; False if it was not (cancelled: reported; too large to
         wait behind another job, or the child died: back in the waiting line)."""
         if run.context.cancelled:  # cancelled while it waited: never started
@@ -544,26 +437,7 @@ class ProcessPool:
         handler = run.handler
         if handler is None:  # the runner sends only runs with a handler here
             raise RuntimeError(f"job {run.job.id}: no handler for kind {run.job.kind!r}")
-        job = run.job
-        context = run.context
-        lease = context.lease  # its fields: a dataclass pickles its state slowly
-        message = pickle.dumps(
-            (
-                self._references[handler.kind],
-                job.payload,
-                (job.id, job.kind, job.queue, job.attempt, job.max_attempts),
-                (
-                    lease.job_id,
-                    lease.worker_id,
-                    lease.token,
-                    lease.attempt,
-                    lease.expires_at,
-                    lease.queue,
-                ),
-                context.lease_length,
-                job.attempted_at,
-            )
-        )
+        message = job_message(self._references[handler.kind], run)
         size = len(message)
         if child.runs and size + sum(s.size for s in child.runs) > PIPELINE_BYTES:
             with self._lock:  # (it could fill the pipe of a busy child: for a free one)
@@ -576,14 +450,14 @@ class ProcessPool:
                 self._waiting.appendleft(run)
             self._read(child)  # its answers first, then its death
             return False
-        sent = _Sent(run, size)
+        sent = Sent(run, size)
         child.sent += 1
         if not child.runs:
             sent.begin()
         child.runs.append(sent)
         return True
 
-    def _read(self, child: _Child, answered: bool = False) -> None:
+    def _read(self, child: Child, answered: bool = False) -> None:
         """Read what *child* said (its readiness, its answers): one message when its
         pipe is known readable (*answered*; a second one makes the next wait return at
         once), else all there is; see whether it died."""
@@ -592,7 +466,7 @@ class ProcessPool:
             while answered or conn.poll():
                 reply = conn.recv_bytes()
                 if not child.ready:
-                    child.ready = reply == _READY
+                    child.said_ready(reply)
                 else:
                     self._answered(child, reply)
                 if answered or child not in self._children:
@@ -603,7 +477,7 @@ class ProcessPool:
         if child in self._children and (conn.closed or child.process.exitcode is not None):
             self._died(child)
 
-    def _answered(self, child: _Child, reply: bytes) -> None:
+    def _answered(self, child: Child, reply: bytes) -> None:
         sent = child.runs.popleft()
         duration = perf_counter() - sent.started
         child.last = duration
@@ -659,7 +533,7 @@ class ProcessPool:
                     self._kill(child, CANCELLED, "job cancelled; its process was killed")
                     break
 
-    def _kill(self, child: _Child, outcome: Outcome, said: str) -> None:
+    def _kill(self, child: Child, outcome: Outcome, said: str) -> None:
         """Kill *child*; its running job ends with *outcome*; what waits in its pipe
         goes to another child."""
         child.kill()
@@ -672,13 +546,13 @@ class ProcessPool:
         self._report(front.run, front.span, outcome, duration)
         self._end(child)
 
-    def _died(self, child: _Child) -> None:
+    def _died(self, child: Child) -> None:
         """*child* died: its running job fails (HandlerProcessDied), or the first one
         waiting does if it died as it started."""
         if child not in self._children:
             return
         if not child.ready:
-            ending = _ending(child, "as it started")
+            ending = child.ending("as it started")
             self._end(child, replace=False)
             _log.error("a handler process died as it started: %s", ending)
             with self._lock:
@@ -695,13 +569,13 @@ class ProcessPool:
             if front.run.context.cancelled:
                 outcome = CANCELLED
             else:
-                died = HandlerProcessDied(f"the handler's {_ending(child)}")
+                died = HandlerProcessDied(f"the handler's {child.ending()}")
                 outcome = decide(front.run.handler, front.run.job, died)
                 _log.warning("a job's process died", extra=_extra(front.run, child))
             self._report(front.run, front.span, outcome, duration)
         self._end(child)
 
-    def _end(self, child: _Child, *, replace: bool = True) -> None:
+    def _end(self, child: Child, *, replace: bool = True) -> None:
         """*child* is done with: killed and reaped, the runs waiting in its pipe (never
         started) sent to another, a new child in its place."""
         with self._lock:
@@ -746,13 +620,13 @@ class ProcessPool:
         finished, self._finished = self._finished, []
         self._on_finished(finished)
 
-    def _answer(self, run: Run, child: _Child, reply: bytes) -> tuple[Outcome, bool, bool]:
+    def _answer(self, run: Run, child: Child, reply: bytes) -> tuple[Outcome, bool, bool]:
         """The outcome of *reply* (the child's answer), whether to keep the child, and
         whether it is over its memory (it exits by itself)."""
         handler, job = run.handler, run.job
         child.jobs += 1
         try:
-            kind, value, summary, rss = pickle.loads(reply)  # noqa: S301 - our own child's
+            kind, value, summary, rss = read_answer(reply)
         except Exception as exc:  # an exception class that cannot be rebuilt here
             outcome = Outcome(
                 Verdict.FAILED,
@@ -786,120 +660,7 @@ def _unbound(finished: list[Finished]) -> None:
     raise RuntimeError("ProcessPool.report_to was not called")
 
 
-def _extra(run: Run, child: _Child) -> dict[str, Any]:
+def _extra(run: Run, child: Child) -> dict[str, Any]:
     extra = run.log_extra()
     extra["pid"] = child.pid
     return extra
-
-
-def _ending(child: _Child, when: str = "before the handler returned") -> str:
-    """How *child* ended, for ``last_error``: ``process (pid N) was killed by SIGKILL``
-    and *when*."""
-    child.process.join(CLOSE_SECONDS)
-    code = child.process.exitcode
-    pid = child.pid
-    if code is None:
-        return f"process (pid {pid}) stopped answering"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"process (pid {pid}) was killed by {name} {when}"
-    return f"process (pid {pid}) exited with code {code} {when}"
-
-
-# -- the child ------------------------------------------------------------------------
-
-
-def _not_in_a_child(context: JobContext, length: timedelta) -> Lease:
-    raise RuntimeError(
-        "current_job().extend_lease() is not available to a handler running in a child "
-        '(executor="process"): the worker renews the lease on its own while it runs'
-    )
-
-
-def serve(conn: Connection, references: list[bytes], max_memory: int = 0) -> None:
-    """A child's loop: import the handlers (*references*), then run each job the pipe
-    brings and answer, until told to exit (an empty message), the worker is gone (the
-    end of the pipe), or a job left its resident memory above *max_memory* bytes (0:
-    no ceiling): it exits after answering, and a job waiting in its pipe never starts
-    (the worker sends it to another child)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's to act on
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if hasattr(os, "setpgid"):  # a group of its own: a kill takes what it started too
-        with contextlib.suppress(OSError):
-            os.setpgid(0, 0)
-    functions: dict[bytes, Any] = {}
-    for reference in references:
-        with contextlib.suppress(BaseException):  # (a job of it says why, if it must)
-            functions[reference] = pickle.loads(reference)  # noqa: S301 - the worker's
-    try:
-        conn.send_bytes(_READY)
-    except (OSError, EOFError):
-        return
-    while True:
-        try:
-            message = conn.recv_bytes()
-        except (EOFError, OSError):
-            return
-        if not message:
-            return
-        reference, payload, fields, leased, lease_length, attempted_at = pickle.loads(message)  # noqa: S301
-        func = functions.get(reference)
-        error: BaseException | None = None
-        returned: object = None
-        if func is None:
-            try:
-                func = functions[reference] = pickle.loads(reference)  # noqa: S301
-            except BaseException as exc:
-                error = exc
-        if func is not None:
-            job_id, kind, queue, attempt, max_attempts = fields
-            context = JobContext(
-                job_id, kind, queue, attempt, max_attempts, Lease(*leased), lease_length,
-                _not_in_a_child, attempted_at,
-            )  # fmt: skip
-            token = bind(context)
-            try:
-                returned = func(payload)
-                if returned is not None and inspect.isawaitable(returned):
-                    returned = asyncio.run(_awaited(returned))
-            except BaseException as exc:  # recorded on the job, as on a thread
-                error = exc
-            finally:
-                unbind(token)
-        rss = resident_memory() if max_memory else 0  # (read only for a ceiling)
-        try:
-            conn.send_bytes(_answer_bytes(returned, error, rss))
-        except (OSError, EOFError):
-            return
-        if max_memory and rss > max_memory:
-            return
-
-
-def _answer_bytes(returned: object, error: BaseException | None, rss: int) -> bytes:
-    if error is None:
-        try:
-            return pickle.dumps(("returned", returned, None, rss))
-        except Exception as exc:
-            note = (
-                "the handler's return value cannot be sent from its process "
-                f"(pickle: {type(exc).__name__}: {exc})"
-            )
-            return pickle.dumps(("unsendable", None, note, rss))
-    summary = describe_error(error)
-    try:
-        sent = pickle.dumps(("raised", error, summary, rss))
-        pickle.loads(sent)  # noqa: S301 - an exception that pickles but cannot be rebuilt
-        return sent
-    except Exception as exc:
-        note = (
-            "the handler raised an exception that cannot be sent from its process "
-            f"(pickle: {type(exc).__name__}: {exc}); it was: {summary}"
-        )
-        return pickle.dumps(("unsendable", None, note, rss))
-
-
-async def _awaited(awaitable: Awaitable[object]) -> object:
-    return await awaitable
