@@ -28,7 +28,10 @@ import signal
 from collections import deque
 from collections.abc import Awaitable
 from datetime import timedelta
-from multiprocessing.connection import Connection, wait
+
+# (One end of a pipe, not a database connection: named so.)
+from multiprocessing.connection import Connection as Pipe
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
@@ -118,7 +121,7 @@ class Child:
         "sent",
     )
 
-    def __init__(self, process: BaseProcess, conn: Connection) -> None:
+    def __init__(self, process: BaseProcess, conn: Pipe) -> None:
         self.process = process
         self.conn = conn
         self.jobs = 0  # answered
@@ -236,7 +239,7 @@ def _not_in_a_child(context: JobContext, length: timedelta) -> Lease:
     )
 
 
-def serve(conn: Connection, references: list[bytes], max_memory: int = 0) -> None:
+def serve(conn: Pipe, references: list[bytes], max_memory: int = 0) -> None:
     """A child's loop: import the handlers (*references*), then run each job the pipe
     brings and answer, until told to exit (an empty message), the worker is gone (the
     end of the pipe), or a job left its resident memory above *max_memory* bytes (0:
