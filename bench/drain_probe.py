@@ -292,10 +292,7 @@ async def one_loop_run(worker: Any, claims: list[tuple[int, float]]) -> None:
         while True:
             wake.clear()
             worker._collect()
-            if worker._writing is not None and worker._writing.done.is_set():
-                worker._settle_batch()
-            if worker._writing is None:
-                worker._hand_to_writer()
+            worker._outbox.turn()
             room = worker._room()
             if room > 0 and due:
                 claimed = await claim(room)
@@ -303,9 +300,10 @@ async def one_loop_run(worker: Any, claims: list[tuple[int, float]]) -> None:
                     worker._dispatch(claimed)
                 else:
                     due = False
-            if not due and not worker._leases and not worker._writing and not worker._finished:
+            outbox = worker._outbox
+            if not due and not worker._leases and not outbox.writing and not worker._finished:
                 break
-            ready = worker._finished or (worker._writing is None and worker._unwritten)
+            ready = worker._finished or (not outbox.writing and outbox.waiting)
             if ready or (due and worker._room() > 0):
                 await asyncio.sleep(0)
                 continue

@@ -8,6 +8,8 @@ Each concurrent responsibility is a part with one inbox; the run thread (the cal
     runner       (slot threads, one event loop)
                                 runs handlers; each finished one becomes a Finished
                                 value with its Outcome  (runner.py, sqlaq.outcome)
+    outbox       (run thread)   outcomes waiting for the writer, the batch in flight;
+                                settles each written batch  (outbox.py)
     writer       (its thread)   writes batches of outcomes and lease renewals; a batch
                                 the server refuses is written row by row  (writer.py)
     leases       (run thread)   what is held, keyed by run; every lost and
@@ -63,13 +65,14 @@ from sqlaq.worker import pool
 from sqlaq.worker.fetcher import Fetcher, parse_wake
 from sqlaq.worker.leases import Leases
 from sqlaq.worker.listener import Listener, Waker, connection_params
+from sqlaq.worker.outbox import Outbox
 from sqlaq.worker.pacing import Pace
 from sqlaq.worker.run import Finished, JobResult, Run, in_a_process, timed_out
 from sqlaq.worker.runner import Runner
 from sqlaq.worker.startup import schema_mismatch, start_check
 from sqlaq.worker.transaction import Sessions
 from sqlaq.worker.vacuum import DrainVacuum
-from sqlaq.worker.writer import Batch, Writer, Written
+from sqlaq.worker.writer import Writer, Written
 
 __all__ = ["FINAL_WRITE_SECONDS", "LISTENER_APPLICATION_NAME", "WORKER_APPLICATION_NAME", "Worker"]
 
@@ -177,11 +180,6 @@ class Worker:
         self._woken: deque[tuple[str, ClaimPosition | None] | None] = deque()
         self._cancels: deque[int] = deque()  # the listener's: job ids
         self._releases: deque[int] = deque()  # the listener's: waiting jobs to check
-        self._unwritten: list[tuple[Finished, Outcome]] = []  # not yet handed to the writer
-        self._writing: Batch | None = None  # handed to the writer, not yet settled
-        # A burst worker wrote outcomes since it last found nothing due: a parent's
-        # completion may have released its children in the same commit (the trigger).
-        self._wrote = False
         self._db_failures = 0
         self._fetcher = Fetcher(
             engine,
@@ -214,6 +212,9 @@ class Worker:
         )
         lengths = [config.lease, *(h.lease for h in registry if h.lease is not None)]
         self._leases = Leases(engine, lengths, on_cancelled=self._runner.cancel)
+        self._outbox = Outbox(
+            self._writer, self._leases, on_job_finished, self._back_off, self._recovered
+        )
         # prefetch None ("auto"): the pace decides, from what the worker observes; not
         # when every handler is limited (limited kinds are never claimed ahead, and a
         # claim of the others would find none, every turn).
@@ -383,10 +384,7 @@ class Worker:
         if self._listener is not None:
             self._listener.read()  # notifications: into _woken and _cancels
         self._collect()
-        if self._writing is not None and self._writing.done.is_set():
-            self._settle_batch()
-        if self._writing is None:
-            self._hand_to_writer()
+        self._outbox.turn()
         # No claim while the writer has no connection: its jobs could sit until their
         # leases ran out; the prefetched ones go back for another worker to take.
         if claiming and not self._writer.connected:
@@ -426,9 +424,7 @@ class Worker:
             return 0
         # Back-pressure: while the writer lags (a slow database), finished outcomes pile
         # up in memory with their leases held; stop claiming until it catches up.
-        writing = self._writing
-        pending = len(self._unwritten) + (len(writing.items) if writing is not None else 0)
-        if pending >= 2 * capacity:
+        if len(self._outbox) >= 2 * capacity:
             return 0
         return room
 
@@ -461,9 +457,9 @@ class Worker:
                 continue
             # The lease bookkeeping has the last word: a run whose lease is gone writes
             # nothing, whatever its handler did.
-            self._unwritten.append((finished, leases.verdict(run) or finished.outcome))
+            self._outbox.add(finished, leases.verdict(run) or finished.outcome)
         if committed:
-            self._settle(committed)
+            self._outbox.settle(committed)
         for run in self._runner.expired(monotonic()):
             self._time_out(run)
 
@@ -489,7 +485,7 @@ class Worker:
         there were any, or if it wrote outcomes since its last look: the completion of
         a parent releases its children in its own commit (the trigger), after the
         claim that found nothing due."""
-        wrote, self._wrote = self._wrote, False
+        wrote, self._outbox.wrote = self._outbox.wrote, False
         try:
             with self._engine.begin() as conn:
                 released = ops.release_waiting(conn)
@@ -514,7 +510,7 @@ class Worker:
             outcome = replace(outcome, delay=delay)
         self._leases.timed_out(run)
         _log.warning("job timed out; its thread runs on", extra=run.log_extra())
-        self._unwritten.append((Finished(run, outcome, timeout.total_seconds()), outcome))
+        self._outbox.add(Finished(run, outcome, timeout.total_seconds()), outcome)
 
     def _dispatch(self, claimed: list[ops.ClaimedJob]) -> None:
         """Hold claimed jobs and hand them to the runner; a kind without a handler
@@ -542,70 +538,11 @@ class Worker:
                     Verdict.FAILED,
                     error=f"no handler for kind {job.kind!r} in this worker (it has: {kinds})",
                 )
-                self._unwritten.append((Finished(run, outcome, 0.0), outcome))
+                self._outbox.add(Finished(run, outcome, 0.0), outcome)
             else:
                 runs.append(run)
         if runs:
             self._runner.submit(runs)
-
-    # -- writing outcomes ------------------------------------------------------------
-
-    def _hand_to_writer(self) -> None:
-        """Give the writer the finished outcomes and, if due, the leases to renew."""
-        renewing = self._renewable() if self._leases.due() else None
-        if not self._unwritten and renewing is None:
-            return
-        batch = Batch(self._unwritten, renewing)
-        self._unwritten = []
-        self._writing = batch
-        self._writer.submit(batch)
-
-    def _settle_batch(self, timeout: float | None = 0.0) -> None:
-        """Apply what the writer did with the batch in flight (waiting up to *timeout*)."""
-        batch = self._writing
-        if batch is None or not batch.done.wait(timeout):
-            return
-        self._writing = None
-        self._settle(batch.written)
-        if batch.error is not None:
-            if not is_transient(batch.error):
-                # Not the database being away, and not one row (the writer wrote those
-                # one by one): a fault of the worker itself, or a changed schema.
-                self._unwritten[:0] = batch.unwritten()
-                raise batch.error
-            self._unwritten[:0] = batch.unwritten()  # written again, in order, once back
-            self._back_off(batch.error)
-            return
-        self._recovered()
-        if batch.renewing is not None:
-            self._leases.apply(batch.renewing, batch.renewed)
-
-    def _settle(self, written: list[Written]) -> None:
-        """After commit: forget written runs, log each state change, tell the callback."""
-        debug = _log.isEnabledFor(logging.DEBUG)
-        info = debug or _log.isEnabledFor(logging.INFO)
-        leases = self._leases
-        callback = self._on_job_finished
-        if written and self.config.burst:
-            self._wrote = True
-        for finished, outcome, status in written:
-            leases.release(finished.run)
-            # "job done" is a DEBUG line, every other change INFO (a lost lease WARNING):
-            # with logging at its level off, a job costs no log call at all.
-            if debug or status is None or (info and outcome.verdict is not Verdict.DONE):
-                finished.log(_log, outcome, status)
-            if callback is not None:
-                try:
-                    callback(finished.result(outcome, status))
-                except Exception:
-                    _log.exception("on_job_finished callback raised")
-
-    def _renewable(self) -> list[Run]:
-        """Held runs whose lease the heartbeat keeps: not gone, not finished."""
-        finishing = {f.run.token for f, _ in self._unwritten}
-        if self._writing is not None:
-            finishing.update(f.run.token for f, _ in self._writing.items)
-        return self._leases.renewable(finishing)
 
     # -- waiting -------------------------------------------------------------------
 
@@ -615,11 +552,8 @@ class Worker:
         leases are held and the writer is free)."""
         if self._finished or self._woken or self._cancels or self._releases:
             return
-        writing = self._writing
-        if writing is None and self._unwritten:
-            return  # the writer is free: hand it the outcomes at once
-        if writing is not None and writing.done.is_set():
-            return
+        if self._outbox.ready:
+            return  # a batch to settle, or outcomes for a free writer: at once
         claimable = self._room() > 0 and not self._stopping.is_set() and self._writer.connected
         if claimable and self._fetcher.due:
             return  # more may be due and there is room: claim again at once
@@ -629,7 +563,7 @@ class Worker:
         expiry = self._runner.next_deadline()
         if expiry is not None:
             deadlines.append(expiry)
-        if self._leases and writing is None:
+        if self._leases and not self._outbox.writing:
             deadlines.append(self._leases.next_renewal())  # (a busy writer wakes us)
         timeout = max(0.0, min(deadlines) - monotonic()) if deadlines else None
         listener = self._listener
@@ -641,7 +575,7 @@ class Worker:
             or self._leases
             or self._finished
             or self._woken
-            or self._writing
+            or self._outbox.writing
             or self._fetcher.blocked
             or not self._writer.connected
         )
@@ -745,7 +679,7 @@ class Worker:
         # The batch in flight, written or failed. A writer stuck longer than that (a
         # hung connection) is left behind: its runs are neither written nor handed back
         # here, and their jobs run again once their leases end (at least once).
-        self._settle_batch(timeout=FINAL_WRITE_SECONDS)
+        self._outbox.settle_batch(timeout=FINAL_WRITE_SECONDS)
         self._final_write()
 
     def _final_write(self) -> None:
@@ -755,13 +689,13 @@ class Worker:
         deadline = monotonic() + (0 if self._forced else FINAL_WRITE_SECONDS)
         while True:
             self._collect()
-            if self._writing is None and self._unwritten:
-                self._hand_to_writer()  # the writer's path: row by row if refused
-                self._settle_batch(timeout=FINAL_WRITE_SECONDS)
-                if self._writing is not None:
+            outbox = self._outbox
+            if not outbox.writing and outbox.waiting:
+                outbox.hand_to_writer()  # the writer's path: row by row if refused
+                if not outbox.settle_batch(timeout=FINAL_WRITE_SECONDS):
                     return  # the writer is stuck: the leases will end
-            running = self._renewable()
-            if not (running or self._unwritten):
+            running = outbox.renewable()
+            if not (running or outbox.waiting):
                 return
             if self._hand_back(running, final=True) or monotonic() >= deadline:
                 return

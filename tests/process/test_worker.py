@@ -894,7 +894,7 @@ def test_claiming_pauses_while_the_writer_lags(committed: Engine) -> None:
     capacity, so a slow database cannot make a worker hold ever more leases."""
     worker = sqlaq.Worker(committed, sqlaq.Registry(), concurrency=4, prefetch=2)
     assert worker._room() == 6
-    worker._unwritten = [object()] * 11  # type: ignore[list-item]
+    worker._outbox._unwritten = [object()] * 11  # type: ignore[list-item]
     assert worker._room() == 6
-    worker._unwritten.append(object())  # type: ignore[arg-type]
+    worker._outbox._unwritten.append(object())  # type: ignore[arg-type]
     assert worker._room() == 0
