@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 import sqlaq
-from sqlaq.worker import core, listener, runner
+from sqlaq.worker import core, fetcher, listener, outbox, runner
 
 registry = sqlaq.Registry()
 _marks: list[tuple[str, float, str]] = []
@@ -57,7 +57,12 @@ core.Worker.run = _run_on  # type: ignore[method-assign]
 _around(listener.Waker, "wait", "waits", "woken")
 _around(core.Worker, "_notified", "notified", None)
 _around(psycopg.Cursor, "execute", "claim sent", "claim answered")
-_around(runner.Runner, "submit", None, "handed over")
+_around(listener.Listener, "read", None, "read")
+_around(core.Worker, "_collect", None, "collected")
+_around(outbox.Outbox, "turn", None, "outbox turned")
+_around(fetcher.Fetcher, "_fetch", "queue chosen", None)
+_around(fetcher.Fetcher, "fetch", None, "jobs built")
+_around(runner.Runner, "submit", "held", "handed over")
 
 
 def _record(payload: dict[str, Any]) -> None:

@@ -9,9 +9,13 @@ Two measurements on a database of its own (``bench_wake_probe``, dropped at the 
    timing its run thread; woken JOBS times (default 200), one enqueue every 20 ms from
    this process, the table analyzed. It prints the p50 of each stage of a wake-up: from
    the run thread's wait returning (the NOTIFY readable) to the notification taken in,
-   to the claim sent, through the claim's statement, to the job handed to the runner,
-   to the run thread waiting again, to the handler's first line (on a slot thread or
-   the runner's event loop); and from the enqueue's commit to the handler.
+   the listener's read done, the finished runs collected, the outbox's turn, the queue
+   chosen, the claim sent, through the claim's statement, to the jobs built, held and
+   handed to the runner, to the run thread waiting again, to the handler's first line
+   (on a slot thread or the runner's event loop); and from the enqueue's commit to the
+   handler. Then the slowest wake-ups, each with its steps that took longer than
+   :data:`SLOW_STEP` (none: the time went before the worker woke, on the
+   notification's way to it). Each mark costs the run thread a microsecond or two.
 2. Raw psycopg: the worker's own claim statement (prepared, one due job, a 200-row
    analyzed table), committed as usual and as the worker commits it (relaxed: the
    setting inside the statement, ``relaxed_stmt``), and a ``SELECT 1``, with no pause,
@@ -48,7 +52,24 @@ DSN = "host=127.0.0.1 user=postgres dbname=bench_wake_probe"
 URL = "postgresql+psycopg://postgres@127.0.0.1:5432/bench_wake_probe"
 pc = time.perf_counter
 #: The stages of a wake-up on the run thread, in order (bench/wake_marks.py).
-STAGES = ("woken", "notified", "claim sent", "claim answered", "handed over", "waits")
+STAGES = (
+    "woken",
+    "notified",
+    "read",
+    "collected",
+    "outbox turned",
+    "queue chosen",
+    "claim sent",
+    "claim answered",
+    "jobs built",
+    "held",
+    "handed over",
+    "waits",
+)
+#: How many of the slowest wake-ups to show step by step.
+SLOWEST = 8
+#: A step of a slow wake-up is shown if it took longer than this (seconds).
+SLOW_STEP = 0.00015
 
 
 def stages(jobs: int, flavour: str) -> None:
@@ -86,6 +107,7 @@ def stages(jobs: int, flavour: str) -> None:
             engine.dispose()
         marks = [line.split("\t") for line in out.read_text().splitlines()]
     gaps: dict[tuple[str, str], list[float]] = {}
+    slowest: list[tuple[float, int, list[str]]] = []
     totals: list[float] = []
     seen: dict[str, float] = {}
     for stage, at, extra in marks:
@@ -102,9 +124,21 @@ def stages(jobs: int, flavour: str) -> None:
         for first, then in itertools.pairwise(order):
             gaps.setdefault((first, then), []).append(seen[then] - seen[first])
         totals.append(float(wall) - commits[int(seq)])
+        slow = [
+            f"{first} -> {then} {(seen[then] - seen[first]) * 1e3:.3f}"
+            for first, then in itertools.pairwise(order)
+            if seen[then] - seen[first] > SLOW_STEP
+        ]
+        slowest.append((totals[-1], int(seq), slow))
     for (first, then), values in gaps.items():
         print(f"  {first:>14} -> {then:<14} p50 {statistics.median(values) * 1e3:.3f} ms")
     print(f"  commit -> handler p50 {statistics.median(totals) * 1e3:.3f} ms ({len(totals)} jobs)")
+    print(
+        f"the {SLOWEST} slowest wake-ups, commit -> handler, and their steps over {SLOW_STEP * 1e3} ms:"
+    )
+    for total, seq, slow in sorted(slowest, reverse=True)[:SLOWEST]:
+        steps = "; ".join(slow) or "none: the time went before the worker woke"
+        print(f"  job {seq:4d} ({seq * 0.02:5.2f} s in): {total * 1e3:.3f} ms; {steps}")
 
 
 def idle_cost() -> None:
