@@ -16,6 +16,14 @@ the value twice, and the server's ``jsonb`` is UTF-8 text (after a version byte,
 binary), with no byte order mark and no whitespace around the value. The value is the
 one ``json.loads`` returns (text it would refuse goes to it, to be refused as it would
 be); an engine given a ``json_deserializer`` of its own keeps it.
+
+Each statement is prepared on the server at its first run (psycopg's own threshold waits
+for the sixth), unless the URL turned preparing off (``prepare_threshold=none``, for
+PgBouncer in transaction pooling): a statement psycopg has not prepared yet is parsed
+and planned at every run, and PostgreSQL plans a prepared one anew at each of its first
+five runs before it settles on a generic plan. The claim is the heaviest statement to
+plan (0.5-1 ms): a worker that had just started paid it on its first ten or so claims,
+the wake-ups of its first jobs; now on its first five.
 """
 
 from __future__ import annotations
@@ -125,8 +133,11 @@ class Precompiled:
                 if fixed is not None:  # values of the statement's own (a where clause's)
                     params = {**fixed, **(params or {})}
                 try:
-                    cursor = self._cursor_of(conn.connection.driver_connection)
-                    cursor.execute(sql, params)
+                    driver = conn.connection.driver_connection
+                    cursor = self._cursor_of(driver)
+                    # Prepared at its first run, not psycopg's sixth: see the module's
+                    # docstring (never where the URL turned preparing off).
+                    cursor.execute(sql, params, prepare=driver.prepare_threshold is not None)
                     # Rows only where the statement returns some (its result has
                     # columns); not cursor.description, which builds an object per
                     # column at each call.

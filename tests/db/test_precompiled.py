@@ -11,6 +11,7 @@ from uuid import uuid4
 
 import pytest
 from sqlalchemy import Engine, create_engine, func, select, text, update
+from sqlalchemy.pool import NullPool
 
 import sqlaq
 from sqlaq import ops, schema
@@ -218,3 +219,29 @@ def test_one_cursor_per_connection_follows_the_connection_it_runs_on(committed: 
         third = third.execution_options(isolation_level="AUTOCOMMIT")
         assert claim_one(third) == [ids[2]]
         assert claim_one(third) == []
+
+
+def test_a_statement_is_prepared_at_its_first_run_unless_preparing_is_off(
+    committed: Engine,
+) -> None:
+    # psycopg prepares a statement at its sixth run by default: until then the server
+    # parses and plans the claim at every run (0.5-1 ms), the wake-ups of a new worker's
+    # first jobs. A connection with preparing off (PgBouncer) must keep it unprepared.
+    def prepared_after_one_claim(connect_args: dict[str, Any]) -> list[str]:
+        # A connection of its own (NullPool): nothing else was prepared on it.
+        engine = create_engine(committed.url, poolclass=NullPool, connect_args=connect_args)
+        try:
+            with engine.connect() as conn:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                plan = plan_of(ops.claim)(
+                    worker_id=uuid4(), queue="prepared", lease=timedelta(seconds=30)
+                )
+                assert Precompiled().run(conn, plan, relaxed=True) == []
+                names = conn.exec_driver_sql("SELECT statement FROM pg_prepared_statements")
+                return list(names.scalars())
+        finally:
+            engine.dispose()
+
+    (statement,) = prepared_after_one_claim({})
+    assert "UPDATE sqlaq_jobs" in statement
+    assert prepared_after_one_claim({"prepare_threshold": None}) == []
