@@ -133,9 +133,7 @@ def stages(jobs: int, flavour: str) -> None:
     for (first, then), values in gaps.items():
         print(f"  {first:>14} -> {then:<14} p50 {statistics.median(values) * 1e3:.3f} ms")
     print(f"  commit -> handler p50 {statistics.median(totals) * 1e3:.3f} ms ({len(totals)} jobs)")
-    print(
-        f"the {SLOWEST} slowest wake-ups, commit -> handler, and their steps over {SLOW_STEP * 1e3} ms:"
-    )
+    print(f"the {SLOWEST} slowest wake-ups, and their steps over {SLOW_STEP * 1e3} ms:")
     for total, seq, slow in sorted(slowest, reverse=True)[:SLOWEST]:
         steps = "; ".join(slow) or "none: the time went before the worker woke"
         print(f"  job {seq:4d} ({seq * 0.02:5.2f} s in): {total * 1e3:.3f} ms; {steps}")

@@ -133,7 +133,7 @@ class Precompiled:
                 if fixed is not None:  # values of the statement's own (a where clause's)
                     params = {**fixed, **(params or {})}
                 try:
-                    driver = conn.connection.driver_connection
+                    driver: Any = conn.connection.driver_connection
                     cursor = self._cursor_of(driver)
                     # Prepared at its first run, not psycopg's sixth: see the module's
                     # docstring (never where the URL turned preparing off).
