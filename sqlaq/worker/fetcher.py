@@ -16,9 +16,9 @@ reconnect or a notification without a position makes the next claim a full one
 (``docs/explanation/held-snapshots.md``). It is run by
 :class:`~sqlaq.worker.precompiled.Precompiled`: its statement compiled once to the
 driver's SQL and executed on the psycopg cursor itself (prepared on the server at its
-first run, unless the URL says ``prepare_threshold=none``), its rows read as tuples. It skips SQLAlchemy's execution path, about a fifth of a millisecond of the
-GIL per claim: a claim runs thousands of times a second in a drain, and once per
-wake-up.
+first run, unless the URL says ``prepare_threshold=none``), its rows read as tuples.
+It skips SQLAlchemy's execution path, about a fifth of a millisecond of the GIL per
+claim: a claim runs thousands of times a second in a drain, and once per wake-up.
 
 A claim commits without waiting for its WAL flush (``relaxed``: the setting inside the
 claim's statement, :func:`sqlaq.queries.relaxed_stmt`). The flush after an idle moment is most of a
