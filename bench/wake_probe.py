@@ -66,6 +66,8 @@ STAGES = (
     "handed over",
     "waits",
 )
+#: Seconds between two enqueues (the peer bench's spacing).
+SPACING = 0.02
 #: How many of the slowest wake-ups to show step by step.
 SLOWEST = 8
 #: A step of a slow wake-up is shown if it took longer than this (seconds).
@@ -99,7 +101,7 @@ def stages(jobs: int, flavour: str) -> None:
                 with engine.begin() as conn:
                     sqlaq.enqueue(conn, "noop", {"seq": seq})
                 commits[seq] = time.time()
-                time.sleep(0.02)  # the peer bench's spacing
+                time.sleep(SPACING)
             time.sleep(0.5)
         finally:
             worker.send_signal(signal.SIGTERM)
@@ -136,7 +138,7 @@ def stages(jobs: int, flavour: str) -> None:
     print(f"the {SLOWEST} slowest wake-ups, and their steps over {SLOW_STEP * 1e3} ms:")
     for total, seq, slow in sorted(slowest, reverse=True)[:SLOWEST]:
         steps = "; ".join(slow) or "none: the time went before the worker woke"
-        print(f"  job {seq:4d} ({seq * 0.02:5.2f} s in): {total * 1e3:.3f} ms; {steps}")
+        print(f"  job {seq:4d} ({seq * SPACING:5.2f} s in): {total * 1e3:.3f} ms; {steps}")
 
 
 def idle_cost() -> None:

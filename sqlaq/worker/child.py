@@ -110,7 +110,6 @@ class Child:
     """One child process, the parent's end of its pipe, and the runs sent to it."""
 
     __slots__ = (
-        "cancelled",
         "conn",
         "jobs",
         "last",
@@ -126,7 +125,6 @@ class Child:
         self.conn = conn
         self.jobs = 0  # answered
         self.sent = 0  # jobs sent
-        self.cancelled = False
         self.ready = False  # it said it imported its handlers
         self.retiring = False  # no job more: it ends once its runs are answered
         self.last: float | None = None  # how long its last job ran (seconds)
@@ -139,7 +137,7 @@ class Child:
         if not wait([self.conn, self.process.sentinel], timeout):
             return False
         try:
-            self.ready = self.conn.poll() and self.conn.recv_bytes() == _READY
+            self.ready = self.conn.poll() and self.said_ready(self.conn.recv_bytes())
         except (EOFError, OSError):
             self.ready = False
         return self.ready
