@@ -413,8 +413,10 @@ def with_query(url: str, **params: str) -> str:
 
 @pytest.mark.timeout(60)
 def test_bad_listen_url_or_prepare_threshold_is_one_line_exit_2(
-    database_url: str, empty_database_url: str
+    engine: Engine, database_url: str, empty_database_url: str
 ) -> None:
+    # engine: the suite's database migrated, so that the worker gets past its schema
+    # check to the listen URL (alone, the test found no schema and exited 2).
     assert_usage_error(
         run_cli("worker_app:registry", "--listen-url", "mysql://x/y", database_url=database_url),
         "--listen-url: 'mysql://x/y' is not a PostgreSQL URL",
