@@ -33,6 +33,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from sqlaq import citus, control, migrations, ops, queries
+from sqlaq.bounds import BIGINT_MAX, INT4_MAX
 from sqlaq.commandline import (
     EXIT_USAGE,
     CommandParser,
@@ -47,7 +48,7 @@ from sqlaq.commandline import (
 )
 from sqlaq.errors import SchemaOutOfDateError, SqlaqError
 from sqlaq.explain import DEFAULT_STALE_AFTER, explain
-from sqlaq.option import BIGINT_MAX, Choice, Duration, Integer, Text
+from sqlaq.option import Choice, Duration, Integer, Text
 from sqlaq.results import JobNotFoundError
 from sqlaq.schema import FINISHED_STATUSES, JobStatus
 
@@ -65,7 +66,7 @@ DASHBOARD_USER = "sqlaq"
 
 _ID = Integer(1, BIGINT_MAX)
 _SMALLINT = Integer(-32768, 32767)
-_INT4_POSITIVE = Integer(1, 2**31 - 1)
+_INT4_POSITIVE = Integer(1, INT4_MAX)
 
 
 def _status(text: str) -> JobStatus:

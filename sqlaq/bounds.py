@@ -1,4 +1,5 @@
-"""The ranges every duration sqlaq stores or waits on must fit; pure, no SQL, no clock.
+"""The ranges every duration sqlaq stores or waits on must fit, and the integers it
+stores; pure, no SQL, no clock.
 
 Decisions written down here:
 
@@ -11,6 +12,12 @@ Decisions written down here:
 * **Input beyond it is refused** (``InvalidJobError`` from the API, one line and exit 2
   from the commands): a delay, lease, interval or retention of more than 100 years is a
   typo, and saying so beats storing it.
+* **The same bounds wherever a value is given.** A lease is at least :data:`MIN_LEASE`
+  whether a worker's (``WorkerConfig.lease``, ``--lease``) or a handler's (``lease=``);
+  a count stored as PostgreSQL's ``integer`` (a job's ``max_attempts``, a kind's
+  ``concurrency`` and ``key_concurrency``) is at most :data:`INT4_MAX` whether given to
+  an enqueue, a handler or a command. A value outside is refused where it is given
+  (``ConfigError`` at the handler's registration), not when a worker first uses it.
 * **Decisions the worker makes from a handler's policy are clamped**, never refused: a
   ``Snooze(timedelta.max)`` ("snooze for ever"), a tenacity wait that returns 1e30
   seconds, or a backoff that grows past the ceiling all become :data:`MAX_DURATION`, so
@@ -36,8 +43,11 @@ from datetime import timedelta
 from sqlaq.errors import ConfigError, InvalidJobError
 
 __all__ = [
+    "BIGINT_MAX",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "INT4_MAX",
     "MAX_DURATION",
+    "MIN_LEASE",
     "check_payload_size",
     "clamp_duration",
     "duration_from_seconds",
@@ -49,6 +59,15 @@ __all__ = [
 MAX_DURATION = timedelta(days=36525)
 
 _MAX_SECONDS = MAX_DURATION.total_seconds()
+
+#: The shortest lease a worker or a handler takes: 100 ms (it is renewed every third of
+#: it while the job runs).
+MIN_LEASE = timedelta(milliseconds=100)
+
+#: The largest PostgreSQL ``integer``: a job's ``max_attempts``, a kind's limits.
+INT4_MAX = 2**31 - 1
+#: The largest PostgreSQL ``bigint``: job ids, row counts.
+BIGINT_MAX = 2**63 - 1
 
 
 def clamp_duration(value: timedelta) -> timedelta:

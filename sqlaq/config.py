@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from sqlaq.bounds import MIN_LEASE
 from sqlaq.errors import ConfigError
 from sqlaq.ops import DEFAULT_LEASE
 from sqlaq.option import (
@@ -224,7 +225,7 @@ class WorkerConfig:
     lease: timedelta = field(
         default=DEFAULT_LEASE,
         metadata=_option(
-            Duration(minimum=100 * _MS),
+            Duration(minimum=MIN_LEASE),
             "how long a claim holds a job; renewed every third of it while the job runs",
         ),
     )

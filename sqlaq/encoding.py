@@ -50,7 +50,7 @@ from decimal import Decimal
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, overload
 
-from sqlaq.bounds import MAX_DURATION, check_payload_size
+from sqlaq.bounds import INT4_MAX, MAX_DURATION, check_payload_size
 from sqlaq.errors import InvalidJobError, shown
 from sqlaq.schema import (
     DEFAULT_MAX_ATTEMPTS,
@@ -94,7 +94,6 @@ class _EmptyPayload:
 
 
 _NO_PAYLOAD: Any = _EmptyPayload()
-_INT4_MAX = 2_147_483_647
 # kind and queue names that passed check_name (exact str only), so that a job of a
 # known kind and queue skips the check; bounded, as names may come from input.
 _GOOD_NAMES: set[str] = set()
@@ -559,8 +558,8 @@ class NewJob:
             check_int("priority", priority, *_SMALLINT)
         if type(self.delay) is not timedelta or self.delay:
             check_duration("delay", self.delay)
-        if type(attempts) is not int or not 1 <= attempts <= _INT4_MAX:
-            check_int("max_attempts", attempts, 1, _INT4_MAX)
+        if type(attempts) is not int or not 1 <= attempts <= INT4_MAX:
+            check_int("max_attempts", attempts, 1, INT4_MAX)
         if self.dedupe_key is not None:
             check_dedupe_key(self.dedupe_key)
         if self.run_at is not None:

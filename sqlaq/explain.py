@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from sqlaq import queries
+from sqlaq.bounds import BIGINT_MAX
 from sqlaq.drive import Plan, operation
 from sqlaq.errors import ConfigError
 from sqlaq.ops._links import waiting_for
@@ -49,7 +50,6 @@ __all__ = ["DEFAULT_STALE_AFTER", "Reason", "ReasonCode", "explain"]
 DEFAULT_STALE_AFTER = timedelta(minutes=5)
 #: :func:`explain` counts the due jobs ahead of a waiting one up to this many.
 AHEAD_LIMIT = 10_000
-_INT8_MAX = 9_223_372_036_854_775_807
 #: Every run_at from this one on is a job held for its parents (schema.WAITING_FROM).
 _HELD_FROM = datetime(9900, 1, 1, tzinfo=UTC)
 
@@ -115,7 +115,7 @@ def explain(
         JobNotFoundError: no such job (never enqueued, pruned, or not committed).
         ConfigError: *job_id* is not an id, or *stale_after* not a positive timedelta.
     """
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id <= _INT8_MAX:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 0 < job_id <= BIGINT_MAX:
         raise ConfigError(f"job_id must be a positive int, got {job_id!r}")
     if not isinstance(stale_after, timedelta) or stale_after <= timedelta(0):
         raise ConfigError(f"stale_after must be a positive timedelta, got {stale_after!r}")

@@ -22,7 +22,7 @@ from uuid import UUID
 
 from sqlalchemy.orm import DeclarativeBase, Mapped, validates
 
-from sqlaq.bounds import check_payload_size
+from sqlaq.bounds import INT4_MAX, check_payload_size
 from sqlaq.encoding import (
     check_dedupe_key,
     check_duration,
@@ -35,9 +35,6 @@ from sqlaq.encoding import (
 )
 from sqlaq.errors import InvalidJobError
 from sqlaq.schema import jobs, metadata
-
-_INT4_MAX = 2_147_483_647
-
 
 _WORKFLOW_ERROR = (
     "Job({what}=...) is not supported: enqueue a job that waits for others with "
@@ -158,7 +155,7 @@ class Job(_Base):
 
     @validates("max_attempts")
     def _validate_max_attempts(self, key: str, value: int) -> int:
-        return check_int(key, value, 1, _INT4_MAX)
+        return check_int(key, value, 1, INT4_MAX)
 
     @validates("dedupe_key")
     def _validate_dedupe_key(self, key: str, value: str | None) -> str | None:

@@ -30,7 +30,6 @@ from sqlaq.encoding import check_name
 from sqlaq.errors import ConfigError, InvalidJobError
 
 __all__ = [
-    "BIGINT_MAX",
     "AutoInteger",
     "Boolean",
     "Choice",
@@ -49,9 +48,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-#: The largest PostgreSQL ``bigint`` (job ids, row counts).
-BIGINT_MAX = 2**63 - 1
 
 _MAX_DURATION_SHOWN = f"100 years ({MAX_DURATION.days}d)"
 _DURATION_TEXT = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|h|d)?\s*", re.ASCII)

@@ -27,10 +27,11 @@ import tenacity
 
 from sqlaq import ops
 from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
-from sqlaq.bounds import MAX_DURATION, clamp_duration, duration_from_seconds
+from sqlaq.bounds import INT4_MAX, MAX_DURATION, MIN_LEASE, clamp_duration, duration_from_seconds
 from sqlaq.encoding import NewJob, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, PermanentError
 from sqlaq.limits import Rate
+from sqlaq.option import Boolean, Domain, Duration, Integer
 from sqlaq.periodic import Periodic
 from sqlaq.schema import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
@@ -59,7 +60,11 @@ _DEFAULT_RETRY = tenacity.retry_if_not_exception_type(PermanentError)
 
 class HandlerOptions(TypedDict, total=False):
     """The options of a kind, given to :meth:`Registry.handler` and :meth:`Registry.add`
-    as keywords (all optional). Each is checked when the handler is registered.
+    as keywords (all optional). Each is checked when the handler is registered, with the
+    bounds the worker's settings and the enqueue use (:mod:`sqlaq.bounds`): a lease from
+    100 ms to 100 years, counts (*max_attempts*, *concurrency*, *key_concurrency*) from 1
+    to 2,147,483,647 (PostgreSQL's ``integer``); a value outside raises
+    :class:`~sqlaq.ConfigError` there, not when a worker first uses it.
 
     Attributes:
         max_attempts: The default :meth:`Registry.enqueue` gives jobs of this kind.
@@ -520,40 +525,17 @@ def _check_executor(kind: str, value: object) -> str | None:
     raise ConfigError(f'executor of {kind!r} must be "thread", "process" or None, got {value!r}')
 
 
-def _check_max_attempts(kind: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"max_attempts of {kind!r} must be an int >= 1, got {value!r}")
-    return value
+def _in(name: str, domain: Domain[Any], *, optional: bool = True) -> Callable[[str, object], Any]:
+    """The check of the option *name*: a value of *domain* (the same bounds as the
+    worker's settings and the commands, :mod:`sqlaq.option`), or None where *optional*;
+    the message names the option and the kind (``lease of 'send' must be ...``)."""
 
+    def check(kind: str, value: object) -> Any:
+        if value is None and optional:
+            return None
+        return domain.check(value, f"{name} of {kind!r}")
 
-def _check_lease(kind: str, value: object) -> timedelta | None:
-    if value is None:
-        return None
-    if not isinstance(value, timedelta) or value < timedelta(milliseconds=100):
-        raise ConfigError(f"lease of {kind!r} must be a timedelta of 0.1s or more, got {value!r}")
-    return value
-
-
-def _check_concurrency(kind: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"concurrency of {kind!r} must be an int >= 1 or None, got {value!r}")
-    return value
-
-
-def _check_key_concurrency(kind: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"key_concurrency of {kind!r} must be an int >= 1 or None, got {value!r}")
-    return value
-
-
-def _check_ordered(kind: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"ordered of {kind!r} must be a bool, got {value!r}")
-    return value
+    return check
 
 
 def _check_rate(kind: str, value: object) -> Rate | None:
@@ -617,18 +599,21 @@ def _no_check(kind: str, value: object) -> object:
     return value  # transaction: checked with the function (takes it a session?)
 
 
+#: A count stored as PostgreSQL's ``integer``: max_attempts, the kind's limits.
+_COUNT = Integer(1, INT4_MAX)
+
 #: Each option of :class:`HandlerOptions`: its default and its check (which also turns
 #: it into the :class:`Handler`'s field of the same name). The one list of the options.
 _OPTIONS: dict[str, tuple[object, Callable[[str, Any], object]]] = {
-    "max_attempts": (DEFAULT_MAX_ATTEMPTS, _check_max_attempts),
-    "lease": (None, _check_lease),
+    "max_attempts": (DEFAULT_MAX_ATTEMPTS, _in("max_attempts", _COUNT, optional=False)),
+    "lease": (None, _in("lease", Duration(minimum=MIN_LEASE))),
     "retry": (None, _retry_predicate),
     "wait": (None, _wait_policy),
-    "concurrency": (None, _check_concurrency),
+    "concurrency": (None, _in("concurrency", _COUNT)),
     "rate": (None, _check_rate),
     "transaction": (None, _no_check),
     "timeout": (None, _check_timeout),
-    "key_concurrency": (None, _check_key_concurrency),
-    "ordered": (False, _check_ordered),
+    "key_concurrency": (None, _in("key_concurrency", _COUNT)),
+    "ordered": (False, _in("ordered", Boolean(), optional=False)),
     "executor": (None, _check_executor),
 }

@@ -16,9 +16,10 @@ from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlencode
 
+from sqlaq.bounds import BIGINT_MAX
 from sqlaq.dashboard.reads import WINDOWS
 from sqlaq.errors import ConfigError
-from sqlaq.option import BIGINT_MAX, Domain, Duration, Integer, Text
+from sqlaq.option import Domain, Duration, Integer, Text
 from sqlaq.schema import JobStatus
 
 __all__ = [

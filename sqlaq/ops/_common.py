@@ -10,6 +10,7 @@ from functools import cache, partial
 from typing import Any, TypeVar
 from uuid import UUID
 
+from sqlaq.bounds import BIGINT_MAX, INT4_MAX
 from sqlaq.errors import ConfigError, LeaseLostError, shown
 from sqlaq.lease import Lease
 
@@ -19,9 +20,6 @@ DEFAULT_LEASE = timedelta(seconds=30)
 #: The default *limit* of :func:`prune` and :func:`sweep`: jobs handled per call.
 DEFAULT_PRUNE_BATCH = 1000
 
-_INT4_MAX = 2_147_483_647
-
-_INT8_MAX = 9_223_372_036_854_775_807
 
 _NIL = UUID(int=0)
 
@@ -47,8 +45,8 @@ def on_first_use(builder: Callable[..., S], /, *args: Any, **kwargs: Any) -> Cal
 
 def _check_positive(name: str, value: object) -> None:
     # Bound to PostgreSQL's integer: a larger one fails in the database, not here.
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _INT4_MAX:
-        raise ConfigError(f"{name} must be a positive int (up to {_INT4_MAX}), got {shown(value)}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT4_MAX:
+        raise ConfigError(f"{name} must be a positive int (up to {INT4_MAX}), got {shown(value)}")
 
 
 def _as_leases(leases: Lease | Iterable[Lease]) -> list[Lease]:
@@ -67,6 +65,6 @@ def _ids(job_ids: int | Iterable[int]) -> list[int]:
     for value in ids:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"job ids must be ints, got {shown(value)}")
-        if not -_INT8_MAX - 1 <= value <= _INT8_MAX:
+        if not -BIGINT_MAX - 1 <= value <= BIGINT_MAX:
             raise ConfigError(f"job ids are bigints; {shown(value)} is out of range")
     return ids
