@@ -303,6 +303,12 @@ class Names(Domain[tuple[str, ...]]):
         names: Iterable[object]
         if isinstance(value, str):
             names = (value,)
+        elif isinstance(value, Mapping):
+            # A mapping would give its keys and drop the rest without a word (fair=
+            # {"q": {"vip": 3}}: the weights are key_weights=).
+            raise ConfigError(
+                f"{label} must be a {self.what} name or names, not a mapping: got {_shown(value)}"
+            )
         elif isinstance(value, Iterable):
             names = tuple(value)
         else:

@@ -711,6 +711,8 @@ def test_worker_config_rejects_bad_options() -> None:
         ({"lease": timedelta(0)}, "lease must be at least"),
         ({"queues": []}, "at least one queue"),
         ({"queues": ["ok", ""]}, "queue must be a non-empty name"),
+        ({"queues": {"a": 1}}, "queues must be a queue name or names, not a mapping"),
+        ({"fair": {"q": {"vip": 3}}}, "fair must be a queue name or names, not a mapping"),
         ({"grace_period": timedelta(seconds=-1)}, "grace_period must be at least 0s"),
         ({"burst": "yes"}, "burst must be a bool"),
         ({"colour": "blue"}, "unknown worker option"),
