@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +119,9 @@ def test_the_bounds_are_the_workers_and_the_enqueues() -> None:
     assert NewJob("k", max_attempts=INT4_MAX).max_attempts == INT4_MAX
     with pytest.raises(InvalidJobError, match="max_attempts"):
         NewJob("k", max_attempts=INT4_MAX + 1)
+
+
+def test_the_handlers_page_has_a_row_for_every_option() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "how-to" / "handlers.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \|", page.split("## Handler options", 1)[1], re.MULTILINE)
+    assert rows == list(_OPTIONS)
