@@ -44,6 +44,8 @@ class JobContext:
         max_attempts: How many attempts it may have in all.
         attempted_at: When this attempt started (the claim's ``now()``, database clock).
         key: The job's key (a tenant, an account: ``enqueue(..., key=...)``), or None.
+        lease_length: The length the worker renews the lease by: the kind's ``lease=``
+            or the worker's, until :meth:`extend_lease` is given another.
     """
 
     __slots__ = (
