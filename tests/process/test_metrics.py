@@ -6,6 +6,7 @@ import signal
 import socket
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from sqlalchemy import Engine
 from workerkit import START_TIMEOUT, wait_until, worker_processes
 
 import sqlaq
-from sqlaq.metrics import WorkerMetrics
+from sqlaq.metrics import _OUTCOMES, WorkerMetrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,3 +113,11 @@ def test_sqlaq_worker_serves_metrics_on_its_port(committed: Engine, database_url
         wait_until(lambda: finished in _scrape(port), 20, "the finished counter")
         worker.signal(signal.SIGTERM)
         assert worker.wait(20) == 0
+
+
+def test_the_metrics_page_names_every_series_and_outcome(committed: Engine) -> None:
+    page = (Path(__file__).parents[2] / "docs" / "how-to" / "tracing-and-metrics.md").read_text()
+    families = [family.name for family in WorkerMetrics(committed).registry.collect()]
+    assert {"sqlaq_jobs_started", "sqlaq_key_queued", "sqlaq_queue_depth"} <= set(families)
+    assert [name for name in families if f"`{name}" not in page] == []
+    assert [o for o in _OUTCOMES.values() if f"`{o}`" not in page] == []
