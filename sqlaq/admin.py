@@ -46,11 +46,12 @@ from sqlaq.commandline import (
     payload_limit,
     typed,
 )
+from sqlaq.config import DEFAULT_RETAIN_DONE, DEFAULT_RETAIN_FAILED
 from sqlaq.errors import SchemaOutOfDateError, SqlaqError
 from sqlaq.explain import DEFAULT_STALE_AFTER, explain
 from sqlaq.option import Choice, Duration, Integer, Text
 from sqlaq.results import JobNotFoundError
-from sqlaq.schema import FINISHED_STATUSES, JobStatus
+from sqlaq.schema import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, FINISHED_STATUSES, JobStatus
 
 __all__ = ["BATCH_SIZE", "build_parser", "main", "run"]
 
@@ -171,18 +172,49 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--failed", action="store_true", help="the failed jobs (bulk)")
 
     p = sub.add_parser("prune", parents=[common], help="delete old finished jobs in batches")
-    for status, default in (("done", 7), ("cancelled", 7), ("failed", 30)):
+    # The worker's retention by default: what its leader would delete.
+    retained = {"done": DEFAULT_RETAIN_DONE, "cancelled": DEFAULT_RETAIN_DONE}
+    for status, default in (*retained.items(), ("failed", DEFAULT_RETAIN_FAILED)):
         flag = f"--{status}-older-than"
-        p.add_argument(flag, type=typed(Duration(), flag), default=timedelta(days=default))
+        p.add_argument(
+            flag,
+            type=typed(Duration(), flag),
+            default=default,
+            help=f"delete {status} jobs finished longer ago than this (default {default.days}d)",
+        )
 
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one job (for testing)")
     p.add_argument("kind", type=typed(Text(), "KIND"))
     p.add_argument("--payload", type=_payload, default={}, help="a JSON object")
-    p.add_argument("--queue", type=typed(Text(), "--queue"), default="default")
-    p.add_argument("--priority", type=typed(_SMALLINT, "--priority"), default=0)
-    p.add_argument("--delay", type=typed(Duration(), "--delay"), default=timedelta(0))
-    p.add_argument("--max-attempts", type=typed(_INT4_POSITIVE, "--max-attempts"), default=5)
-    p.add_argument("--dedupe-key", type=typed(Text(), "--dedupe-key"))
+    p.add_argument(
+        "--queue",
+        type=typed(Text(), "--queue"),
+        default=DEFAULT_QUEUE,
+        help=f"the job's queue (default {DEFAULT_QUEUE!r})",
+    )
+    p.add_argument(
+        "--priority",
+        type=typed(_SMALLINT, "--priority"),
+        default=0,
+        help="higher runs first among due jobs, -32768 to 32767 (default 0)",
+    )
+    p.add_argument(
+        "--delay",
+        type=typed(Duration(), "--delay"),
+        default=timedelta(0),
+        help="run no sooner than now + this (30s, 5m)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=typed(_INT4_POSITIVE, "--max-attempts"),
+        default=DEFAULT_MAX_ATTEMPTS,
+        help=f"how many times the job may be claimed (default {DEFAULT_MAX_ATTEMPTS})",
+    )
+    p.add_argument(
+        "--dedupe-key",
+        type=typed(Text(), "--dedupe-key"),
+        help="at most one queued or running job of the kind with this key",
+    )
     p.add_argument(
         "--key",
         type=typed(Text(), "--key"),
