@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON lines")
 
     p = sub.add_parser("show", parents=[common], help="one job, every column")
-    p.add_argument("id", type=typed(_ID, "ID"))
+    p.add_argument("id", type=typed(_ID, "ID"), help="the job's id")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = sub.add_parser(
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = sub.add_parser("explain", parents=[common], help="why a job is not running")
-    p.add_argument("id", type=typed(_ID, "ID"))
+    p.add_argument("id", type=typed(_ID, "ID"), help="the job's id")
     p.add_argument(
         "--app",
         type=typed(Text(), "--app"),
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one job (for testing)")
-    p.add_argument("kind", type=typed(Text(), "KIND"))
+    p.add_argument("kind", type=typed(Text(), "KIND"), help="the job's kind (its handler's name)")
     p.add_argument("--payload", type=_payload, default={}, help="a JSON object")
     p.add_argument(
         "--queue",
@@ -257,10 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("pause", parents=[common], help="stop every worker claiming from a queue")
-    p.add_argument("queue", type=typed(Text(), "QUEUE"), metavar="QUEUE")
+    p.add_argument("queue", type=typed(Text(), "QUEUE"), metavar="QUEUE", help="the queue")
     p.add_argument("--by", type=typed(Text(), "--by"), help="who pauses it (default: user@host)")
     p = sub.add_parser("resume", parents=[common], help="let workers claim from a queue again")
-    p.add_argument("queue", type=typed(Text(), "QUEUE"), metavar="QUEUE")
+    p.add_argument("queue", type=typed(Text(), "QUEUE"), metavar="QUEUE", help="the queue")
 
     p = sub.add_parser("workers", parents=[common], help="the workers' heartbeat rows")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -273,8 +273,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the DDL instead of running it")
 
     p = sub.add_parser("dashboard", parents=[common], help="serve the web dashboard")
-    p.add_argument("--host", type=typed(Text(), "--host"), default="127.0.0.1")
-    p.add_argument("--port", type=typed(Integer(1, 65535), "--port"), default=8000)
+    p.add_argument(
+        "--host",
+        type=typed(Text(), "--host"),
+        default="127.0.0.1",
+        help="the address to listen on (default 127.0.0.1: this machine only)",
+    )
+    p.add_argument(
+        "--port",
+        type=typed(Integer(1, 65535), "--port"),
+        default=8000,
+        help="the port to listen on (default 8000)",
+    )
     p.add_argument("--read-only", action="store_true", help="hide and refuse actions")
     p.add_argument(
         "--allowed-host",
@@ -307,8 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status", type=_status, action="append", help="repeatable")
-    p.add_argument("--kind", type=typed(Text(), "--kind"))
-    p.add_argument("--queue", type=typed(Text(), "--queue"))
+    p.add_argument("--kind", type=typed(Text(), "--kind"), help="only this kind")
+    p.add_argument("--queue", type=typed(Text(), "--queue"), help="only this queue")
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str], out: TextIO | None = None) -> int:

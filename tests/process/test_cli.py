@@ -29,6 +29,7 @@ first claim.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import io
 import signal
@@ -68,6 +69,7 @@ from sqlaq.cli import (
     EXIT_FORCED,
     GC_THRESHOLD,
     UsageError,
+    build_parser,
     parse_duration,
     parse_options,
 )
@@ -958,3 +960,21 @@ def test_a_role_with_the_privileges_the_worker_needs_runs_it(
     result = run_process("cli", "worker_app:registry", "--burst", SQLAQ_DATABASE_URL=url)
     assert result.returncode == 0, result.stderr
     assert count_status(committed, "done") == 1
+
+
+def test_every_argument_of_both_commands_says_what_it_is() -> None:
+    # --help is the command's own documentation (the reference prints it): no flag or
+    # positional left bare.
+    bare = []
+    for name, parser in (("sqlaq-worker", build_parser()), ("sqlaq", admin.build_parser())):
+        subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        commands = [(name, parser)]
+        for subs in subparsers:
+            commands += [(f"{name} {sub}", p) for sub, p in subs.choices.items()]
+        for command, p in commands:
+            bare += [
+                f"{command} {action.option_strings or action.dest}"
+                for action in p._actions
+                if not action.help and not isinstance(action, argparse._SubParsersAction)
+            ]
+    assert bare == []
