@@ -33,7 +33,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from sqlaq import citus, control, migrations, ops, queries
-from sqlaq.bounds import BIGINT_MAX, INT4_MAX
+from sqlaq.bounds import BIGINT_MAX, INT4_MAX, SMALLINT_MAX, SMALLINT_MIN
 from sqlaq.commandline import (
     EXIT_USAGE,
     CommandParser,
@@ -66,7 +66,7 @@ _UNDEFINED = frozenset({"42703", "42P01", "42883"})
 DASHBOARD_USER = "sqlaq"
 
 _ID = Integer(1, BIGINT_MAX)
-_SMALLINT = Integer(-32768, 32767)
+_SMALLINT = Integer(SMALLINT_MIN, SMALLINT_MAX)
 _INT4_POSITIVE = Integer(1, INT4_MAX)
 
 
@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--priority",
         type=typed(_SMALLINT, "--priority"),
         default=0,
-        help="higher runs first among due jobs, -32768 to 32767 (default 0)",
+        help=f"higher runs first among due jobs, {SMALLINT_MIN} to {SMALLINT_MAX} (default 0)",
     )
     p.add_argument(
         "--delay",

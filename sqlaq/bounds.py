@@ -48,6 +48,8 @@ __all__ = [
     "INT4_MAX",
     "MAX_DURATION",
     "MIN_LEASE",
+    "SMALLINT_MAX",
+    "SMALLINT_MIN",
     "check_payload_size",
     "clamp_duration",
     "duration_from_seconds",
@@ -64,6 +66,9 @@ _MAX_SECONDS = MAX_DURATION.total_seconds()
 #: it while the job runs).
 MIN_LEASE = timedelta(milliseconds=100)
 
+#: PostgreSQL's ``smallint``: a job's ``priority`` is from SMALLINT_MIN to SMALLINT_MAX.
+SMALLINT_MIN = -(2**15)
+SMALLINT_MAX = 2**15 - 1
 #: The largest PostgreSQL ``integer``: a job's ``max_attempts``, a kind's limits.
 INT4_MAX = 2**31 - 1
 #: The largest PostgreSQL ``bigint``: job ids, row counts.

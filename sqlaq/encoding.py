@@ -50,7 +50,7 @@ from decimal import Decimal
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, overload
 
-from sqlaq.bounds import INT4_MAX, MAX_DURATION, check_payload_size
+from sqlaq.bounds import INT4_MAX, MAX_DURATION, SMALLINT_MAX, SMALLINT_MIN, check_payload_size
 from sqlaq.errors import InvalidJobError, shown
 from sqlaq.schema import (
     DEFAULT_MAX_ATTEMPTS,
@@ -82,7 +82,6 @@ MAX_DEPTH = 500
 #: The most digits an int in a payload may have (Python's default int/str limit).
 MAX_INT_DIGITS = 4300
 
-_SMALLINT = (-32768, 32767)
 _NO_DELAY = timedelta(0)
 
 
@@ -554,8 +553,8 @@ class NewJob:
             _remember(check_name("kind", kind))
         if type(queue) is not str or queue not in _GOOD_NAMES:
             _remember(check_name("queue", queue))
-        if type(priority) is not int or not -32768 <= priority <= 32767:
-            check_int("priority", priority, *_SMALLINT)
+        if type(priority) is not int or not SMALLINT_MIN <= priority <= SMALLINT_MAX:
+            check_int("priority", priority, SMALLINT_MIN, SMALLINT_MAX)
         if type(self.delay) is not timedelta or self.delay:
             check_duration("delay", self.delay)
         if type(attempts) is not int or not 1 <= attempts <= INT4_MAX:

@@ -22,7 +22,7 @@ from uuid import UUID
 
 from sqlalchemy.orm import DeclarativeBase, Mapped, validates
 
-from sqlaq.bounds import INT4_MAX, check_payload_size
+from sqlaq.bounds import INT4_MAX, SMALLINT_MAX, SMALLINT_MIN, check_payload_size
 from sqlaq.encoding import (
     check_dedupe_key,
     check_duration,
@@ -151,7 +151,7 @@ class Job(_Base):
 
     @validates("priority")
     def _validate_priority(self, key: str, value: int) -> int:
-        return check_int(key, value, -32768, 32767)
+        return check_int(key, value, SMALLINT_MIN, SMALLINT_MAX)
 
     @validates("max_attempts")
     def _validate_max_attempts(self, key: str, value: int) -> int:

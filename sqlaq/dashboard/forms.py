@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlencode
 
 from sqlaq.bounds import BIGINT_MAX
+from sqlaq.config import DEFAULT_RETAIN_DONE, DEFAULT_RETAIN_FAILED
 from sqlaq.dashboard.reads import WINDOWS
 from sqlaq.errors import ConfigError
 from sqlaq.option import Domain, Duration, Integer, Text
@@ -46,10 +47,11 @@ DEFAULT_HOURS = 3
 #: The failures page's default range: failed jobs are kept 30 days by default.
 DEFAULT_FAILURES_SINCE = timedelta(days=7)
 #: The defaults of ``sqlaq prune``: done and cancelled after 7 days, failed after 30.
+#: What a prune deletes unless told otherwise: the worker's retention (as ``sqlaq prune``).
 PRUNE_DEFAULTS = {
-    JobStatus.DONE: timedelta(days=7),
-    JobStatus.CANCELLED: timedelta(days=7),
-    JobStatus.FAILED: timedelta(days=30),
+    JobStatus.DONE: DEFAULT_RETAIN_DONE,
+    JobStatus.CANCELLED: DEFAULT_RETAIN_DONE,
+    JobStatus.FAILED: DEFAULT_RETAIN_FAILED,
 }
 _ID = Integer(1, BIGINT_MAX)
 _LIMIT = Integer(1, 500)

@@ -41,6 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
 from sqlalchemy.dialects.postgresql import UUID as PG_UUID
 
+from sqlaq.bounds import SMALLINT_MAX
 from sqlaq.errors import ConfigError
 from sqlaq.queries._common import (
     _IDS,
@@ -86,7 +87,7 @@ class ClaimPosition(NamedTuple):
 #: The bound of a full claim: a priority above any ``smallint``, so the claim's first
 #: range (``priority = :b_priority``) is empty and its second (``priority <
 #: :b_priority``) is the whole queue, in the index's order.
-FULL_CLAIM = ClaimPosition(32768, datetime(1, 1, 1, tzinfo=UTC), 0)
+FULL_CLAIM = ClaimPosition(SMALLINT_MAX + 1, datetime(1, 1, 1, tzinfo=UTC), 0)
 
 
 def claim_params(
