@@ -66,8 +66,9 @@ _MAX_SECONDS = MAX_DURATION.total_seconds()
 #: it while the job runs).
 MIN_LEASE = timedelta(milliseconds=100)
 
-#: PostgreSQL's ``smallint``: a job's ``priority`` is from SMALLINT_MIN to SMALLINT_MAX.
+#: The smallest PostgreSQL ``smallint``: the lowest priority of a job.
 SMALLINT_MIN = -(2**15)
+#: The largest PostgreSQL ``smallint``: the highest priority of a job.
 SMALLINT_MAX = 2**15 - 1
 #: The largest PostgreSQL ``integer``: a job's ``max_attempts``, a kind's limits.
 INT4_MAX = 2**31 - 1
