@@ -46,7 +46,7 @@ from sqlaq.commandline import (
     payload_limit,
     typed,
 )
-from sqlaq.config import DEFAULT_RETAIN_DONE, DEFAULT_RETAIN_FAILED
+from sqlaq.config import DEFAULT_RETENTION
 from sqlaq.errors import SchemaOutOfDateError, SqlaqError
 from sqlaq.explain import DEFAULT_STALE_AFTER, explain
 from sqlaq.option import Choice, Duration, Integer, Text
@@ -172,15 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--failed", action="store_true", help="the failed jobs (bulk)")
 
     p = sub.add_parser("prune", parents=[common], help="delete old finished jobs in batches")
-    # The worker's retention by default: what its leader would delete.
-    retained = {"done": DEFAULT_RETAIN_DONE, "cancelled": DEFAULT_RETAIN_DONE}
-    for status, default in (*retained.items(), ("failed", DEFAULT_RETAIN_FAILED)):
-        flag = f"--{status}-older-than"
+    for status, default in DEFAULT_RETENTION.items():
+        flag = f"--{status.value}-older-than"
         p.add_argument(
             flag,
             type=typed(Duration(), flag),
             default=default,
-            help=f"delete {status} jobs finished longer ago than this (default {default.days}d)",
+            help=f"delete {status.value} jobs finished longer ago than this "
+            f"(default {default.days}d)",
         )
 
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one job (for testing)")

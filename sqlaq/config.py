@@ -10,9 +10,10 @@ must not read the environment (only the commands do) nor touch a database.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from sqlaq.bounds import MIN_LEASE
@@ -31,7 +32,7 @@ from sqlaq.option import (
     Option,
     Weights,
 )
-from sqlaq.schema import DEFAULT_QUEUE
+from sqlaq.schema import DEFAULT_QUEUE, JobStatus
 
 if TYPE_CHECKING:
     from sqlalchemy import ColumnElement
@@ -45,6 +46,7 @@ __all__ = [
     "DEFAULT_QUEUES",
     "DEFAULT_RETAIN_DONE",
     "DEFAULT_RETAIN_FAILED",
+    "DEFAULT_RETENTION",
     "DEFAULT_START_TIMEOUT",
     "EXECUTORS",
     "MAX_CONCURRENCY",
@@ -75,6 +77,15 @@ DEFAULT_MAINTENANCE_INTERVAL = timedelta(seconds=60)
 DEFAULT_RETAIN_DONE = timedelta(days=7)
 #: ... and failed jobs this long after (kept longer: someone may want to retry them).
 DEFAULT_RETAIN_FAILED = timedelta(days=30)
+#: The two by status: how old a finished job is when ``sqlaq prune`` and the dashboard's
+#: prune delete it, unless told otherwise (what the leader would delete).
+DEFAULT_RETENTION: Mapping[JobStatus, timedelta] = MappingProxyType(
+    {
+        JobStatus.DONE: DEFAULT_RETAIN_DONE,
+        JobStatus.CANCELLED: DEFAULT_RETAIN_DONE,
+        JobStatus.FAILED: DEFAULT_RETAIN_FAILED,
+    }
+)
 #: Upper bound of concurrency (and prefetch): each sync slot is a thread.
 MAX_CONCURRENCY = 10_000
 #: Where sync handlers run (:mod:`sqlaq.worker.processes`): ``thread``, the worker's

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlencode
 
 from sqlaq.bounds import BIGINT_MAX
-from sqlaq.config import DEFAULT_RETAIN_DONE, DEFAULT_RETAIN_FAILED
+from sqlaq.config import DEFAULT_RETENTION
 from sqlaq.dashboard.reads import WINDOWS
 from sqlaq.errors import ConfigError
 from sqlaq.option import Domain, Duration, Integer, Text
@@ -26,7 +26,6 @@ from sqlaq.schema import JobStatus
 __all__ = [
     "DEFAULT_FAILURES_SINCE",
     "DEFAULT_HOURS",
-    "PRUNE_DEFAULTS",
     "BadInput",
     "FailureGroup",
     "JobFilter",
@@ -46,13 +45,6 @@ T = TypeVar("T")
 DEFAULT_HOURS = 3
 #: The failures page's default range: failed jobs are kept 30 days by default.
 DEFAULT_FAILURES_SINCE = timedelta(days=7)
-#: The defaults of ``sqlaq prune``: done and cancelled after 7 days, failed after 30.
-#: What a prune deletes unless told otherwise: the worker's retention (as ``sqlaq prune``).
-PRUNE_DEFAULTS = {
-    JobStatus.DONE: DEFAULT_RETAIN_DONE,
-    JobStatus.CANCELLED: DEFAULT_RETAIN_DONE,
-    JobStatus.FAILED: DEFAULT_RETAIN_FAILED,
-}
 _ID = Integer(1, BIGINT_MAX)
 _LIMIT = Integer(1, 500)
 
@@ -210,7 +202,7 @@ def prune_ages(params: Params) -> dict[JobStatus, timedelta]:
     """``done``, ``cancelled`` and ``failed``: how old a finished job of each status
     must be to be deleted (defaults of ``sqlaq prune``); ``keep`` for a status skips it."""
     ages = {}
-    for status, default in PRUNE_DEFAULTS.items():
+    for status, default in DEFAULT_RETENTION.items():
         text = params.get(status.value)
         if isinstance(text, str) and text.strip().lower() == "keep":
             continue
