@@ -6,15 +6,18 @@ On a database of its own (``bench_enqueue_probe``, migrated to sqlaq's head, dro
 the end), three producers alternate, JOBS one-job transactions each per round (default
 1,000 and 5), and the median jobs/s of each is printed:
 
+* ``autocommit``: raw psycopg, the ``INSERT`` alone in autocommit (one round trip: the
+  shape of pgqueuer's producer, and the most any producer can do per commit here);
 * ``psycopg``: raw psycopg, ``with conn.transaction(): INSERT ... RETURNING id`` (the
   same three round trips as below: ``BEGIN``, the ``INSERT``, ``COMMIT``);
 * ``sqlalchemy``: the same ``INSERT`` as a ``text()`` in ``engine.begin()`` (the pool's
   checkout and return, SQLAlchemy's execution);
 * ``sqlaq``: ``sqlaq.enqueue(conn, ...)`` in ``engine.begin()``.
 
-The ratios between them say what the application's shape costs (SQLAlchemy's) and what
-sqlaq adds to it; a queue whose producer sends one ``INSERT`` in autocommit does one
-round trip where these do three.
+The ratios between them say what a transaction of its own costs against one round trip
+(``psycopg / autocommit``: the most a producer in ``engine.begin()`` can reach against
+one that sends its ``INSERT`` in autocommit, whatever its library does), what the
+application's shape costs (SQLAlchemy's) and what sqlaq adds to it.
 """
 
 from __future__ import annotations
@@ -62,6 +65,10 @@ def measure(engine: Engine, raw: psycopg.Connection[Any], jobs: int, rounds: int
         "INSERT INTO sqlaq_jobs (kind, payload) VALUES (:k, CAST(:p AS jsonb)) RETURNING id"
     )
 
+    def with_autocommit(n: int) -> None:
+        for _ in range(n):
+            raw.execute(INSERT, ("noop", '{"seq": 1}')).fetchone()
+
     def with_psycopg(n: int) -> None:
         for _ in range(n):
             with raw.transaction():
@@ -78,6 +85,7 @@ def measure(engine: Engine, raw: psycopg.Connection[Any], jobs: int, rounds: int
                 sqlaq.enqueue(conn, "noop", {"seq": i})
 
     producers: dict[str, Callable[[int], None]] = {
+        "autocommit": with_autocommit,
         "psycopg": with_psycopg,
         "sqlalchemy": with_sqlalchemy,
         "sqlaq": with_sqlaq,
@@ -94,6 +102,7 @@ def measure(engine: Engine, raw: psycopg.Connection[Any], jobs: int, rounds: int
     for name, values in rates.items():
         shown = ", ".join(f"{v:,.0f}" for v in values)
         print(f"{name:11} {medians[name]:8,.0f} jobs/s (rounds: {shown})")
+    print(f"psycopg / autocommit {medians['psycopg'] / medians['autocommit']:.2f}")
     print(f"sqlalchemy / psycopg {medians['sqlalchemy'] / medians['psycopg']:.2f}")
     print(f"sqlaq / sqlalchemy   {medians['sqlaq'] / medians['sqlalchemy']:.2f}")
 
