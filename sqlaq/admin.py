@@ -33,7 +33,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 
 from sqlaq import citus, control, migrations, ops, queries
-from sqlaq.bounds import BIGINT_MAX, INT4_MAX, SMALLINT_MAX, SMALLINT_MIN
+from sqlaq.bounds import SMALLINT_MAX, SMALLINT_MIN
 from sqlaq.commandline import (
     EXIT_USAGE,
     CommandParser,
@@ -49,7 +49,7 @@ from sqlaq.commandline import (
 from sqlaq.config import DEFAULT_RETENTION
 from sqlaq.errors import SchemaOutOfDateError, SqlaqError
 from sqlaq.explain import DEFAULT_STALE_AFTER, explain
-from sqlaq.option import Choice, Duration, Integer, Text
+from sqlaq.option import COUNT, JOB_ID, PRIORITY, Choice, Duration, Integer, Text
 from sqlaq.results import JobNotFoundError
 from sqlaq.schema import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, FINISHED_STATUSES, JobStatus
 
@@ -64,10 +64,6 @@ _UNDEFINED = frozenset({"42703", "42P01", "42883"})
 
 #: The HTTP Basic user of ``sqlaq dashboard`` when a password is set and no user named.
 DASHBOARD_USER = "sqlaq"
-
-_ID = Integer(1, BIGINT_MAX)
-_SMALLINT = Integer(SMALLINT_MIN, SMALLINT_MAX)
-_INT4_POSITIVE = Integer(1, INT4_MAX)
 
 
 def _status(text: str) -> JobStatus:
@@ -125,12 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--since", type=typed(Duration(), "--since"), help="created within this long (30m, 2h)"
     )
     p.add_argument(
-        "--limit", type=typed(_ID, "--limit"), default=50, help="at most this many (default 50)"
+        "--limit", type=typed(JOB_ID, "--limit"), default=50, help="at most this many (default 50)"
     )
     p.add_argument("--json", action="store_true", help="print JSON lines")
 
     p = sub.add_parser("show", parents=[common], help="one job, every column")
-    p.add_argument("id", type=typed(_ID, "ID"), help="the job's id")
+    p.add_argument("id", type=typed(JOB_ID, "ID"), help="the job's id")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = sub.add_parser(
@@ -138,9 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="every job of a job's workflow, in dependency order (or --cancel it)",
     )
-    p.add_argument("id", type=typed(_ID, "ID"), help="any job of the workflow")
+    p.add_argument("id", type=typed(JOB_ID, "ID"), help="any job of the workflow")
     p.add_argument(
-        "--limit", type=typed(_ID, "--limit"), default=200, help="at most this many (default 200)"
+        "--limit",
+        type=typed(JOB_ID, "--limit"),
+        default=200,
+        help="at most this many (default 200)",
     )
     p.add_argument(
         "--cancel", action="store_true", help="cancel its queued and running jobs instead"
@@ -148,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = sub.add_parser("explain", parents=[common], help="why a job is not running")
-    p.add_argument("id", type=typed(_ID, "ID"), help="the job's id")
+    p.add_argument("id", type=typed(JOB_ID, "ID"), help="the job's id")
     p.add_argument(
         "--app",
         type=typed(Text(), "--app"),
@@ -164,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, what in (("retry", "failed or cancelled"), ("cancel", "queued or running")):
         p = sub.add_parser(name, parents=[common], help=f"{name} {what} jobs by id or filter")
-        p.add_argument("ids", type=typed(_ID, "ID"), nargs="*", help="job ids")
+        p.add_argument("ids", type=typed(JOB_ID, "ID"), nargs="*", help="job ids")
         p.add_argument("--all", action="store_true", help=f"every {what} job matching filters")
         p.add_argument("--kind", type=typed(Text(), "--kind"), help="only this kind")
         p.add_argument("--queue", type=typed(Text(), "--queue"), help="only this queue")
@@ -193,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--priority",
-        type=typed(_SMALLINT, "--priority"),
+        type=typed(PRIORITY, "--priority"),
         default=0,
         help=f"higher runs first among due jobs, {SMALLINT_MIN} to {SMALLINT_MAX} (default 0)",
     )
@@ -205,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-attempts",
-        type=typed(_INT4_POSITIVE, "--max-attempts"),
+        type=typed(COUNT, "--max-attempts"),
         default=DEFAULT_MAX_ATTEMPTS,
         help=f"how many times the job may be claimed (default {DEFAULT_MAX_ATTEMPTS})",
     )

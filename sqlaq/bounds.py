@@ -44,6 +44,7 @@ from sqlaq.errors import ConfigError, InvalidJobError
 
 __all__ = [
     "BIGINT_MAX",
+    "BIGINT_MIN",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "INT4_MAX",
     "MAX_DURATION",
@@ -72,6 +73,8 @@ SMALLINT_MIN = -(2**15)
 SMALLINT_MAX = 2**15 - 1
 #: The largest PostgreSQL ``integer``: a job's ``max_attempts``, a kind's limits.
 INT4_MAX = 2**31 - 1
+#: The smallest PostgreSQL ``bigint``: below any job id.
+BIGINT_MIN = -(2**63)
 #: The largest PostgreSQL ``bigint``: job ids, row counts.
 BIGINT_MAX = 2**63 - 1
 

@@ -25,11 +25,14 @@ from sqlalchemy import ClauseElement, FromClause
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from sqlaq.bounds import MAX_DURATION
+from sqlaq.bounds import BIGINT_MAX, INT4_MAX, MAX_DURATION, SMALLINT_MAX, SMALLINT_MIN
 from sqlaq.encoding import check_name
 from sqlaq.errors import ConfigError, InvalidJobError
 
 __all__ = [
+    "COUNT",
+    "JOB_ID",
+    "PRIORITY",
     "AutoInteger",
     "Boolean",
     "Choice",
@@ -220,6 +223,15 @@ class Integer(Domain[int]):
         if not self.low <= value <= self.high:
             raise ConfigError(f"{label} must be between {self.low} and {self.high}, got {value}")
         return value
+
+
+#: A job id (PostgreSQL's ``bigint``, from 1); also a row limit of the commands.
+JOB_ID = Integer(1, BIGINT_MAX)
+#: A count stored as PostgreSQL's ``integer``, from 1: a job's ``max_attempts``, a
+#: kind's ``concurrency`` and ``key_concurrency``.
+COUNT = Integer(1, INT4_MAX)
+#: A job's priority (PostgreSQL's ``smallint``).
+PRIORITY = Integer(SMALLINT_MIN, SMALLINT_MAX)
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,11 @@ import tenacity
 
 from sqlaq import ops
 from sqlaq.backoff import DEFAULT_BACKOFF, Backoff
-from sqlaq.bounds import INT4_MAX, MAX_DURATION, MIN_LEASE, clamp_duration, duration_from_seconds
+from sqlaq.bounds import MAX_DURATION, MIN_LEASE, clamp_duration, duration_from_seconds
 from sqlaq.encoding import NewJob, check_name
 from sqlaq.errors import ConfigError, InvalidJobError, PermanentError
 from sqlaq.limits import Rate
-from sqlaq.option import Boolean, Domain, Duration, Integer
+from sqlaq.option import COUNT, Boolean, Domain, Duration
 from sqlaq.periodic import Periodic
 from sqlaq.schema import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
@@ -599,21 +599,18 @@ def _no_check(kind: str, value: object) -> object:
     return value  # transaction: checked with the function (takes it a session?)
 
 
-#: A count stored as PostgreSQL's ``integer``: max_attempts, the kind's limits.
-_COUNT = Integer(1, INT4_MAX)
-
 #: Each option of :class:`HandlerOptions`: its default and its check (which also turns
 #: it into the :class:`Handler`'s field of the same name). The one list of the options.
 _OPTIONS: dict[str, tuple[object, Callable[[str, Any], object]]] = {
-    "max_attempts": (DEFAULT_MAX_ATTEMPTS, _in("max_attempts", _COUNT, optional=False)),
+    "max_attempts": (DEFAULT_MAX_ATTEMPTS, _in("max_attempts", COUNT, optional=False)),
     "lease": (None, _in("lease", Duration(minimum=MIN_LEASE))),
     "retry": (None, _retry_predicate),
     "wait": (None, _wait_policy),
-    "concurrency": (None, _in("concurrency", _COUNT)),
+    "concurrency": (None, _in("concurrency", COUNT)),
     "rate": (None, _check_rate),
     "transaction": (None, _no_check),
     "timeout": (None, _check_timeout),
-    "key_concurrency": (None, _in("key_concurrency", _COUNT)),
+    "key_concurrency": (None, _in("key_concurrency", COUNT)),
     "ordered": (False, _in("ordered", Boolean(), optional=False)),
     "executor": (None, _check_executor),
 }

@@ -42,7 +42,7 @@ import tenacity
 from sqlalchemy import Connection, Engine
 
 from sqlaq import queries
-from sqlaq.bounds import BIGINT_MAX, MAX_DURATION
+from sqlaq.bounds import BIGINT_MAX, BIGINT_MIN, MAX_DURATION
 from sqlaq.drive import Plan, operation, run, wrong_kind
 from sqlaq.dsn import connection_params
 from sqlaq.encoding import check_duration, encode_value
@@ -84,7 +84,6 @@ DEFAULT_POLL_INTERVAL = timedelta(seconds=5)
 #: The ``application_name`` of :func:`wait`'s listening connection (unless the URL
 #: names one), so it is easy to find in ``pg_stat_activity``.
 APPLICATION_NAME = "sqlaq-wait"
-# The same keepalives as the worker's listener: a wait may be long, and only reads.
 
 _NIL = Lease(0, UUID(int=0), UUID(int=0), 0, datetime.min)
 # Built once; each call passes its own values as execution parameters (the rule of hot
@@ -370,7 +369,7 @@ def _log_read_retry(state: tenacity.RetryCallState) -> None:
 def _check_id(job_id: object) -> None:
     if isinstance(job_id, bool) or not isinstance(job_id, int):
         raise ConfigError(f"a job id must be an int, got {shown(job_id)}")
-    if not -BIGINT_MAX - 1 <= job_id <= BIGINT_MAX:
+    if not BIGINT_MIN <= job_id <= BIGINT_MAX:
         raise ConfigError(f"job ids are bigints; {shown(job_id)} is out of range")
 
 

@@ -16,11 +16,10 @@ from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlencode
 
-from sqlaq.bounds import BIGINT_MAX
 from sqlaq.config import DEFAULT_RETENTION
 from sqlaq.dashboard.reads import WINDOWS
 from sqlaq.errors import ConfigError
-from sqlaq.option import Domain, Duration, Integer, Text
+from sqlaq.option import JOB_ID, Domain, Duration, Integer, Text
 from sqlaq.schema import JobStatus
 
 __all__ = [
@@ -45,7 +44,6 @@ T = TypeVar("T")
 DEFAULT_HOURS = 3
 #: The failures page's default range: failed jobs are kept 30 days by default.
 DEFAULT_FAILURES_SINCE = timedelta(days=7)
-_ID = Integer(1, BIGINT_MAX)
 _LIMIT = Integer(1, 500)
 
 
@@ -93,7 +91,7 @@ def hours(params: Params) -> int:
 def job_id(text: str) -> int:
     """A job id from a path, within bigint."""
     try:
-        return _ID.parse(text, "job id")
+        return JOB_ID.parse(text, "job id")
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
 
@@ -144,8 +142,8 @@ def _statuses(values: Sequence[Any]) -> tuple[JobStatus, ...]:
 def job_filter(params: Params) -> JobFilter:
     """The jobs list's filters: ``status`` (repeatable), ``kind``, ``queue``, ``since``
     (a duration), ``limit`` (1 to 500) and ``before`` or ``after`` (ids)."""
-    before = _optional(params, "before", _ID)
-    after = _optional(params, "after", _ID)
+    before = _optional(params, "before", JOB_ID)
+    after = _optional(params, "after", JOB_ID)
     if before is not None and after is not None:
         raise BadInput("before and after: give one of them, not both")
     since = _optional(params, "since", Duration())

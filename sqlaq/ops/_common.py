@@ -10,7 +10,7 @@ from functools import cache, partial
 from typing import Any, TypeVar
 from uuid import UUID
 
-from sqlaq.bounds import BIGINT_MAX, INT4_MAX
+from sqlaq.bounds import BIGINT_MAX, BIGINT_MIN, INT4_MAX
 from sqlaq.errors import ConfigError, LeaseLostError, shown
 from sqlaq.lease import Lease
 
@@ -65,6 +65,6 @@ def _ids(job_ids: int | Iterable[int]) -> list[int]:
     for value in ids:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"job ids must be ints, got {shown(value)}")
-        if not -BIGINT_MAX - 1 <= value <= BIGINT_MAX:
+        if not BIGINT_MIN <= value <= BIGINT_MAX:
             raise ConfigError(f"job ids are bigints; {shown(value)} is out of range")
     return ids

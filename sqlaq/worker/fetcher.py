@@ -44,6 +44,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from sqlaq import ops, queries
+from sqlaq.bounds import BIGINT_MIN
 from sqlaq.config import WorkerConfig
 from sqlaq.drive import plan_of, run
 from sqlaq.errors import ConfigError
@@ -81,7 +82,6 @@ LOOK_BEHIND_STOP = 5.0
 SLOW_WALK = 0.005
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MIN_ID = -(2**63)  # below any id: a position before every job of its (priority, run_at)
 
 
 def parse_wake(payload: str, queues: Collection[str]) -> tuple[str, ClaimPosition | None] | None:
@@ -104,7 +104,10 @@ def parse_wake(payload: str, queues: Collection[str]) -> tuple[str, ClaimPositio
     queue, priority, micros = parts
     try:
         return queue, ClaimPosition(
-            int(priority), _EPOCH + timedelta(microseconds=int(micros)), _MIN_ID
+            # BIGINT_MIN: below any id, a position before every job of its (priority, run_at)
+            int(priority),
+            _EPOCH + timedelta(microseconds=int(micros)),
+            BIGINT_MIN,
         )
     except (ValueError, OverflowError):
         return queue, None
