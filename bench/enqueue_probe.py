@@ -3,7 +3,7 @@
     python bench/enqueue_probe.py [JOBS] [ROUNDS]
 
 On a database of its own (``bench_enqueue_probe``, migrated to sqlaq's head, dropped at
-the end), three producers alternate, JOBS one-job transactions each per round (default
+the end), four producers alternate, JOBS one-job transactions each per round (default
 1,000 and 5), and the median jobs/s of each is printed:
 
 * ``autocommit``: raw psycopg, the ``INSERT`` alone in autocommit (one round trip: the

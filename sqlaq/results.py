@@ -42,14 +42,14 @@ import tenacity
 from sqlalchemy import Connection, Engine
 
 from sqlaq import queries
-from sqlaq.bounds import BIGINT_MAX, BIGINT_MIN, MAX_DURATION
+from sqlaq.bounds import MAX_DURATION
 from sqlaq.drive import Plan, operation, run, wrong_kind
 from sqlaq.dsn import connection_params
 from sqlaq.encoding import check_duration, encode_value
 from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
 from sqlaq.lease import Lease
 from sqlaq.ops._citus import DISTRIBUTED, by_queue, tell_waiters
-from sqlaq.ops._common import on_first_use
+from sqlaq.ops._common import check_job_id, on_first_use
 from sqlaq.queries import citus as citus_queries
 from sqlaq.schema import FINISH_CHANNEL, FINISHED_STATUSES, JobStatus
 from sqlaq.transient import DATABASE_BACKOFF, describe, is_transient
@@ -219,7 +219,7 @@ def result(job_id: int) -> Plan[JobOutcome]:
         JobNotFoundError: no job has this id.
         ConfigError: *job_id* is not a bigint.
     """
-    _check_id(job_id)
+    check_job_id(job_id)
     row = (yield _OUTCOME, {"b_id": job_id}).first()
     if row is None:
         raise JobNotFoundError(job_id)
@@ -310,7 +310,7 @@ def waiting(
         ConfigError: *job_id* is not a bigint.
         InvalidJobError: *timeout* or *poll_interval* is not a usable duration.
     """
-    _check_id(job_id)
+    check_job_id(job_id)
     limit = _duration("timeout", timeout, allow_zero=True)
     every = _duration("poll_interval", poll_interval, allow_zero=False).total_seconds()
     return _waiting(job_id, limit, every)
@@ -364,13 +364,6 @@ def _log_read_retry(state: tenacity.RetryCallState) -> None:
         state.next_action.sleep if state.next_action else 0.0,
         describe(error) if error is not None else "",
     )
-
-
-def _check_id(job_id: object) -> None:
-    if isinstance(job_id, bool) or not isinstance(job_id, int):
-        raise ConfigError(f"a job id must be an int, got {shown(job_id)}")
-    if not BIGINT_MIN <= job_id <= BIGINT_MAX:
-        raise ConfigError(f"job ids are bigints; {shown(job_id)} is out of range")
 
 
 def _duration(name: str, value: object, *, allow_zero: bool) -> timedelta:

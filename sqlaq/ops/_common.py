@@ -60,11 +60,16 @@ def _check_lost(requested: Sequence[Lease], changed: Collection[int], raise_on_l
             raise LeaseLostError(lost)
 
 
+def check_job_id(value: object) -> None:
+    """Refuse what is not a job id: an int (not a bool) within PostgreSQL's bigint."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"a job id must be an int, got {shown(value)}")
+    if not BIGINT_MIN <= value <= BIGINT_MAX:
+        raise ConfigError(f"job ids are bigints; {shown(value)} is out of range")
+
+
 def _ids(job_ids: int | Iterable[int]) -> list[int]:
     ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
     for value in ids:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"job ids must be ints, got {shown(value)}")
-        if not BIGINT_MIN <= value <= BIGINT_MAX:
-            raise ConfigError(f"job ids are bigints; {shown(value)} is out of range")
+        check_job_id(value)
     return ids

@@ -104,10 +104,9 @@ def parse_wake(payload: str, queues: Collection[str]) -> tuple[str, ClaimPositio
     queue, priority, micros = parts
     try:
         return queue, ClaimPosition(
-            # BIGINT_MIN: below any id, a position before every job of its (priority, run_at)
             int(priority),
             _EPOCH + timedelta(microseconds=int(micros)),
-            BIGINT_MIN,
+            BIGINT_MIN,  # below any id: before every job of its (priority, run_at)
         )
     except (ValueError, OverflowError):
         return queue, None

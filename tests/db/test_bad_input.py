@@ -324,6 +324,12 @@ def test_numbers_postgresql_cannot_hold_are_refused_before_any_sql(conn: Connect
         sqlaq.claim(conn, worker_id="w-1")  # type: ignore[arg-type]
     with pytest.raises(sqlaq.ConfigError, match="job ids are bigints"):
         sqlaq.cancel(conn, [1, 2**63])
+    # One check of a job id, whichever operation takes it.
+    for by_id in (lambda: sqlaq.retry(conn, [1, True]), lambda: sqlaq.result(conn, "1")):
+        with pytest.raises(sqlaq.ConfigError, match="a job id must be an int, got"):
+            by_id()
+    with pytest.raises(sqlaq.ConfigError, match="job ids are bigints"):
+        sqlaq.result(conn, -(2**63) - 1)
     with pytest.raises(sqlaq.ConfigError, match="limit must be a positive int"):
         sqlaq.prune(conn, older_than=timedelta(0), limit=2**40)
     assert conn.execute(text("SELECT 1")).scalar_one() == 1
