@@ -154,9 +154,9 @@ def drain(
     at_end: dict[str, float] = {}
     shutdown = worker._shutdown
 
-    def on_shutdown() -> None:
+    def on_shutdown(changed: Any = None) -> None:
         at_end.update(thread_cpu())  # before the worker's threads end
-        shutdown()
+        shutdown(changed)
 
     worker._shutdown = on_shutdown  # type: ignore[method-assign]
     samples: list[tuple[int, int]] = []
