@@ -3,7 +3,8 @@
 `nox -s matrix` runs the suite on every PostgreSQL version obtainable from pip (and the
 local server); `nox -s minimums` runs it with every dependency at its floor; `nox -s
 pgbouncer` runs the worker through PgBouncer in transaction pooling; `nox -s citus` runs
-the Citus tests on a throwaway 3-node cluster; `nox -s docs` builds the documentation site.
+the Citus tests on a throwaway 3-node cluster; `nox -s docs` builds the documentation site;
+`nox -s probes` runs every benchmark script once, small.
 """
 
 from __future__ import annotations
@@ -80,6 +81,47 @@ def bench(session: nox.Session) -> None:
     """
     session.install(".[asyncio]")
     session.run("python", "bench/run.py", *session.posargs)
+
+
+#: Each probe in bench/ with arguments that make it quick: the commands the
+#: performance page and bench/RESULTS.md quote, at a size that only shows they still
+#: run against the current code (their figures mean nothing at that size).
+PROBES = [
+    "bench/burst_probe.py 100 1 0.2",
+    "bench/drain_probe.py 600 50 20 async",
+    "bench/drain_probe.py 600 50 20 async --one-loop --command-gc",
+    "bench/drain_probe.py 600 50 20 def",
+    "bench/enqueue_probe.py 50 1",
+    "bench/fairness.py --flood 2000 --per-key 5 --drain 500 --rounds 1 --samples 20",
+    "bench/fan_in.py --parents 200 --rounds 1",
+    "bench/pause_cost.py --samples 50 --paused 3",
+    "bench/process_probe.py 40",
+    "bench/raw_sleep_loop.py 600 50 50 async",
+    "bench/raw_sleep_loop.py 600 50 50 def",
+    "bench/relax_probe.py 20 2",
+    "bench/rss_probe.py --jobs 500",
+    "bench/wake_probe.py 20 def",
+    "bench/wake_probe.py 20 async",
+]
+
+
+@nox.session(python=PYTHON)
+def probes(session: nox.Session) -> None:
+    """Every benchmark script once, small: ``bench/run.py`` (one round of its default
+    scenarios, results to a temporary file) and each probe of :data:`PROBES`.
+
+    A benchmark is not a test and asserts no speed, but ``bench/run.py`` checks what it
+    ran (every job done once, the workers' ledgers): a script that no longer runs
+    against the code, or a drain that lost a job, fails here instead of in the next
+    measurement that needs it. Each makes and drops a database of its own on the local
+    server.
+    """
+    session.install(".[asyncio]")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = str(Path(tmp) / "results.json")
+        session.run("python", "bench/run.py", "--rounds", "1", "--json", results)
+    for probe in PROBES:
+        session.run("python", *probe.split())
 
 
 @nox.session(python=PYTHON)

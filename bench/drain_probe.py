@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sqlaq  # after the path is set, for a run from a clean clone
 import sqlaq.cli
+from sqlaq.drive import PerEngine
 from sqlaq.worker import fetcher as fetcher_module
 from sqlaq.worker import precompiled as precompiled_module
 
@@ -242,6 +243,12 @@ class LoopWake:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop, self.event, self.thread = loop, asyncio.Event(), threading.get_ident()
 
+    def open(self) -> None:
+        """Nothing to create: the loop is the waiter (``Waker.open``'s place)."""
+
+    def close(self) -> None:
+        """Nothing to close (``Waker.close``'s place)."""
+
     def set(self) -> None:
         if threading.get_ident() == self.thread:
             self.event.set()
@@ -266,13 +273,20 @@ async def one_loop_run(worker: Any, claims: list[tuple[int, float]]) -> None:
     compiled: dict[int, str] = {}
 
     async def claim(room: int) -> list[Any]:
-        plan = fetcher_module._CLAIM(
-            worker_id=worker.worker_id, queue="default", limit=room, lease=worker.config.lease
+        plan = fetcher_module.claim_bounded(
+            worker_id=worker.worker_id,
+            queue="default",
+            limit=room,
+            lease=worker.config.lease,
+            after=None,
         )
         started = time.perf_counter()
         step = plan.send(None)
         try:
             while True:
+                if isinstance(step, PerEngine):  # "is the table distributed?": not here
+                    step = plan.send(False)
+                    continue
                 statement, params = step
                 sql = compiled.get(id(statement))
                 if sql is None:
@@ -283,8 +297,9 @@ async def one_loop_run(worker: Any, claims: list[tuple[int, float]]) -> None:
                 await cursor.execute(sql, params)
                 step = plan.send(precompiled_module._Rows(await cursor.fetchall()))
         except StopIteration as stop:
-            claims.append((len(stop.value), time.perf_counter() - started))
-            return list(stop.value)
+            jobs, _position = stop.value  # a full claim each time: no bound kept
+            claims.append((len(jobs), time.perf_counter() - started))
+            return list(jobs)
 
     worker._start()
     due = True

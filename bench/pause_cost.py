@@ -60,7 +60,7 @@ def _claim_sql() -> tuple[str, str, str]:
     bare, found = _PROBE.subn("", shipped)
     if found != 1:
         raise SystemExit(f"the pause probe was not found in the claim:\n{shipped}")
-    untimed, found = re.subn(r", sqlaq_jobs\.timeout$", "", shipped)
+    untimed, found = re.subn(r", sqlaq_jobs\.timeout(?=,|$)", "", shipped)
     if found != 1:
         raise SystemExit(f"the timeout column was not found in the claim:\n{shipped}")
     return shipped, bare, untimed
