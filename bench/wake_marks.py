@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 import sqlaq
-from sqlaq.worker import core, fetcher, listener, outbox, runner
+from sqlaq.worker import core, fetcher, listener, outbox, precompiled, runner
 
 registry = sqlaq.Registry()
 _marks: list[tuple[str, float, str]] = []
@@ -57,11 +57,16 @@ core.Worker.run = _run_on  # type: ignore[method-assign]
 _around(listener.Waker, "wait", "waits", "woken")
 _around(core.Worker, "_notified", "notified", None)
 _around(psycopg.Cursor, "execute", "claim sent", "claim answered")
-_around(listener.Listener, "read", None, "read")
+_around(listener.Waker, "clear", None, "cleared")
+_around(listener.Listener, "read", "reading", "read")
 _around(core.Worker, "_collect", None, "collected")
 _around(outbox.Outbox, "turn", None, "outbox turned")
 _around(fetcher.Fetcher, "_fetch", "queue chosen", None)
 _around(fetcher.Fetcher, "fetch", None, "jobs built")
+_around(fetcher.Fetcher, "_claim", "claim entered", None)
+_around(precompiled.Precompiled, "run", "plan run", None)
+_around(precompiled.Precompiled, "_compiled", "compiled lookup", None)
+_around(precompiled.Precompiled, "_cursor_of", "cursor", None)
 _around(runner.Runner, "submit", "held", "handed over")
 
 

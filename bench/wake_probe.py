@@ -8,9 +8,12 @@ Two measurements on a database of its own (``bench_wake_probe``, dropped at the 
    with a no-op handler (``def`` unless ``async`` is given) and ``bench/wake_marks.py``
    timing its run thread; woken JOBS times (default 200), one enqueue every 20 ms from
    this process, the table analyzed. It prints the p50 of each stage of a wake-up: from
-   the run thread's wait returning (the NOTIFY readable) to the notification taken in,
-   the listener's read done, the finished runs collected, the outbox's turn, the queue
-   chosen, the claim sent, through the claim's statement, to the jobs built, held and
+   the run thread's wait returning (the NOTIFY readable) to its waker cleared, the
+   listener's read begun, the notification taken in, the listener's read done, the
+   finished runs collected, the outbox's turn, the queue chosen, the claim's plan
+   entered and run (its checks and parameters, up to the statement's compiled form
+   looked up, the cursor taken), the claim sent, through the claim's statement, to the
+   jobs built, held and
    handed to the runner, to the run thread waiting again, to the handler's first line
    (on a slot thread or the runner's event loop); and from the enqueue's commit to the
    handler. Then the slowest wake-ups, each with its steps that took longer than
@@ -54,11 +57,17 @@ pc = time.perf_counter
 #: The stages of a wake-up on the run thread, in order (bench/wake_marks.py).
 STAGES = (
     "woken",
+    "cleared",
+    "reading",
     "notified",
     "read",
     "collected",
     "outbox turned",
     "queue chosen",
+    "claim entered",
+    "plan run",
+    "compiled lookup",
+    "cursor",
     "claim sent",
     "claim answered",
     "jobs built",
@@ -133,7 +142,7 @@ def stages(jobs: int, flavour: str) -> None:
         ]
         slowest.append((totals[-1], int(seq), slow))
     for (first, then), values in gaps.items():
-        print(f"  {first:>14} -> {then:<14} p50 {statistics.median(values) * 1e3:.3f} ms")
+        print(f"  {first:>15} -> {then:<15} p50 {statistics.median(values) * 1e3:.3f} ms")
     print(f"  commit -> handler p50 {statistics.median(totals) * 1e3:.3f} ms ({len(totals)} jobs)")
     print(f"the {SLOWEST} slowest wake-ups, and their steps over {SLOW_STEP * 1e3} ms:")
     for total, seq, slow in sorted(slowest, reverse=True)[:SLOWEST]:
