@@ -24,7 +24,7 @@ from sqlalchemy.engine import URL, make_url
 
 from sqlaq.bounds import set_max_payload_bytes
 from sqlaq.dsn import ASYNC_DRIVERS, SYNC_DRIVER, sync_url
-from sqlaq.errors import ConfigError, SchemaOutOfDateError
+from sqlaq.errors import ConfigError, SchemaOutOfDateError, one_line
 from sqlaq.option import Domain, Integer, PrepareThreshold, Text
 from sqlaq.registry import Registry
 from sqlaq.worker import startup
@@ -281,8 +281,3 @@ def db_error(exc: sa_exc.DBAPIError) -> str:
 def redact(url: str) -> str:
     """*url* with its password replaced by ``***``."""
     return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
-
-
-def one_line(error: object) -> str:
-    """*error*'s text on one line (driver messages span several)."""
-    return " ".join(str(error).split())

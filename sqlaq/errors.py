@@ -39,6 +39,12 @@ def shown(value: object) -> str:
     return text if len(text) <= _SHOWN_LENGTH else text[: _SHOWN_LENGTH - 3] + "..."
 
 
+def one_line(error: object) -> str:
+    """*error*'s text on one line, for a log line or a command's message (a driver's
+    messages span several)."""
+    return " ".join(str(error).split())
+
+
 class SqlaqError(Exception):
     """Base class of every error sqlaq raises on purpose."""
 

@@ -46,7 +46,14 @@ from sqlaq.bounds import MAX_DURATION
 from sqlaq.drive import Plan, operation, run, wrong_kind
 from sqlaq.dsn import connection_params
 from sqlaq.encoding import check_duration, encode_value
-from sqlaq.errors import ConfigError, InvalidJobError, LeaseLostError, SqlaqError, shown
+from sqlaq.errors import (
+    ConfigError,
+    InvalidJobError,
+    LeaseLostError,
+    SqlaqError,
+    one_line,
+    shown,
+)
 from sqlaq.lease import Lease
 from sqlaq.ops._citus import DISTRIBUTED, by_queue, tell_waiters
 from sqlaq.ops._common import check_job_id, on_first_use
@@ -458,7 +465,7 @@ class _FinishListener:
                 if notify.payload == wanted:
                     return True
         except psycopg.Error as exc:
-            _log.warning("wait: listening connection lost, polling: %s", _one_line(exc))
+            _log.warning("wait: listening connection lost, polling: %s", one_line(exc))
             self._close()
         return False
 
@@ -466,7 +473,7 @@ class _FinishListener:
         try:
             conn = psycopg.connect(**self._params, autocommit=True)
         except psycopg.Error as exc:
-            _log.warning("wait: cannot listen for notifications, polling: %s", _one_line(exc))
+            _log.warning("wait: cannot listen for notifications, polling: %s", one_line(exc))
             return False
         try:
             conn.execute(queries.listen_stmt(channel=FINISH_CHANNEL))
@@ -480,7 +487,3 @@ class _FinishListener:
         if self._conn is not None:
             conn, self._conn = self._conn, None
             conn.close()
-
-
-def _one_line(error: object) -> str:
-    return " ".join(str(error).split())

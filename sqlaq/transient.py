@@ -15,6 +15,7 @@ import psycopg
 from sqlalchemy import exc as sa_exc
 
 from sqlaq.backoff import Backoff
+from sqlaq.errors import one_line
 
 __all__ = ["DATABASE_BACKOFF", "describe", "is_transient"]
 
@@ -58,4 +59,4 @@ def describe(error: BaseException) -> str:
     statement), as ``Type: message``."""
     if isinstance(error, sa_exc.DBAPIError) and error.orig is not None:
         error = error.orig
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
+    return f"{type(error).__name__}: {one_line(error)}"[:500]

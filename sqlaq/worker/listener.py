@@ -36,6 +36,7 @@ import tenacity
 from psycopg.pq import ConnStatus
 
 from sqlaq.dsn import connection_params
+from sqlaq.errors import one_line
 
 __all__ = ["Listener", "Waker", "connection_params"]
 
@@ -210,7 +211,7 @@ class Listener:
                 self._on_notify(notify.relname.decode(encoding), notify.extra.decode(encoding))
                 notify = pgconn.notifies()
         except psycopg.Error as exc:
-            _log.warning("listener connection lost, reconnecting: %s", _one_line(exc))
+            _log.warning("listener connection lost, reconnecting: %s", one_line(exc))
             self._drop()
             self._lost.set()
 
@@ -286,9 +287,5 @@ class Listener:
             "listener cannot connect (attempt %d), retrying in %.1fs: %s",
             state.attempt_number,
             state.next_action.sleep if state.next_action else 0.0,
-            _one_line(error),
+            one_line(error),
         )
-
-
-def _one_line(error: object) -> str:
-    return " ".join(str(error).split())
