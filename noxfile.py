@@ -88,6 +88,7 @@ def bench(session: nox.Session) -> None:
 #: run against the current code (their figures mean nothing at that size).
 PROBES = [
     "bench/burst_probe.py 100 1 0.2",
+    "bench/claim_cost.py 5 2",
     "bench/drain_probe.py 600 50 20 async",
     "bench/drain_probe.py 600 50 20 async --one-loop --command-gc",
     "bench/drain_probe.py 600 50 20 def",

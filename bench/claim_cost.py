@@ -1,0 +1,201 @@
+"""What each part of the worker's claim costs on a backend that has just woken.
+
+    python bench/claim_cost.py [ROUNDS] [PAUSE_MS]
+
+On a database of its own (``bench_claim_cost``, dropped at the end), a table of 200
+finished jobs analyzed; each round pauses PAUSE_MS (default 20: the machine idle, as
+between two wake-ups of the peer bench), enqueues one job on a second connection
+(committed as usual), then claims it at once, as a woken worker does, with the worker's
+statement (the bounded claim of :func:`sqlaq.queries.claim_stmt` with the relaxed commit
+in it, :func:`sqlaq.queries.relaxed_stmt`, prepared, rows in binary) and with copies of
+it that each lack one part, in shuffled order:
+
+- ``no pause check``: without the two ``NOT EXISTS`` on ``sqlaq_paused_queues``;
+- ``no expired-lease CASEs``: the ``SET`` of a fresh claim only (no job failed or
+  noted for an expired lease);
+- ``no position``: without the three subqueries that return where the next bounded
+  claim starts;
+- ``two columns``: ``RETURNING`` the id and the payload only;
+- ``no gen_random_uuid()``: the worker's id as every lease token;
+- ``setting in the session``: ``synchronous_commit`` off for the session, not in the
+  statement;
+- ``none of these``: all six at once;
+- ``minimal``: a one-CTE claim as a hand-written queue sends it (``UPDATE ... FROM``,
+  two columns), on the session with ``synchronous_commit`` off.
+
+None of the copies is a claim sqlaq could send (each part is a behaviour: pauses, leases
+that expire, held snapshots that cannot slow the claims, the jobs' fields, fenced
+outcomes, the claim's relaxed commit); they say what each costs. Prints each one's p50
+and p90 of the claim's round trip (execute and fetch), in ms. A statement that no longer
+has a part stops the probe with the part's name (``nox -s probes`` runs it).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy import create_engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.scratch import scratch_database  # after the path is set, for a clean clone
+from sqlaq import queries
+
+DSN = "host=127.0.0.1 user=postgres dbname=bench_claim_cost"
+MINIMAL = (
+    "WITH picked AS MATERIALIZED (SELECT id FROM sqlaq_jobs"
+    " WHERE status IN ('queued', 'running') AND queue = 'default' AND run_at <= now()"
+    " ORDER BY priority DESC, run_at, id LIMIT %(b_limit)s FOR UPDATE SKIP LOCKED)"
+    " UPDATE sqlaq_jobs j SET status = 'running', attempts = j.attempts + 1,"
+    " run_at = now() + interval '30 seconds', locked_by = %(b_worker)s,"
+    " lease_token = gen_random_uuid(), attempted_at = now()"
+    " FROM picked WHERE j.id = picked.id RETURNING j.id, j.payload"
+)
+
+
+def _cut(sql: str, part: str, start: str, end: str, keep_end: bool = True) -> str:
+    """*sql* without the text from *start* up to *end* (kept, unless not *keep_end*)."""
+    i = sql.find(start)
+    j = sql.find(end, i + len(start)) if i >= 0 else -1
+    if i < 0 or j < 0:
+        raise SystemExit(f"claim_cost: the claim no longer has its {part}; update the probe")
+    return sql[:i] + sql[j if keep_end else j + len(end) :]
+
+
+def _replace(sql: str, part: str, old: str, new: str) -> str:
+    if old not in sql:
+        raise SystemExit(f"claim_cost: the claim no longer has its {part}; update the probe")
+    return sql.replace(old, new)
+
+
+PAUSED = " AND NOT (EXISTS (SELECT *"
+
+
+def _no_pause(sql: str) -> str:
+    while PAUSED in sql:
+        sql = _cut(sql, "pause check", PAUSED, "::VARCHAR))", keep_end=False)
+    return sql
+
+
+def _no_cases(sql: str) -> str:
+    simple = (
+        " SET status='running', run_at=now() + %(b_lease)s, attempts=sqlaq_jobs.attempts + 1,"
+        " locked_by=%(b_worker)s::UUID, lease_token=gen_random_uuid(), attempted_at=now()"
+    )
+    head = _cut(sql, "expired-lease CASEs", " SET status=CASE", " WHERE sqlaq_jobs.id = any(")
+    i = head.index(" WHERE sqlaq_jobs.id = any(")
+    return head[:i] + simple + head[i:]
+
+
+def _no_position(sql: str) -> str:
+    return _cut(sql, "position", ", (SELECT candidates.priority", "AS last_id", keep_end=False)
+
+
+def variants(engine: Any) -> dict[str, tuple[str, bool]]:
+    """name -> (SQL, whether the session has ``synchronous_commit`` off)."""
+    stmt = queries.claim_stmt(
+        queue="default",
+        worker_id=uuid.uuid4(),
+        limit=10,
+        lease=timedelta(seconds=30),
+        bounded=True,
+    )
+    worker = str(queries.relaxed_stmt(stmt).compile(dialect=engine.dialect))
+    setting = " AND (SELECT set_config("
+    in_session = _cut(worker, "relaxed commit", setting, " RETURNING ")
+    two = _replace(
+        worker,
+        "returned columns",
+        worker[worker.index(" RETURNING ") : worker.index(", (SELECT candidates.priority")],
+        " RETURNING sqlaq_jobs.id, sqlaq_jobs.payload",
+    )
+    no_uuid = _replace(worker, "lease token", "gen_random_uuid()", "%(b_worker)s::UUID")
+    none = _no_position(_no_cases(_no_pause(in_session)))
+    none = _replace(none, "lease token", "gen_random_uuid()", "%(b_worker)s::UUID")
+    none = _replace(
+        none,
+        "returned columns",
+        none[none.index(" RETURNING ") :],
+        " RETURNING sqlaq_jobs.id, sqlaq_jobs.payload",
+    )
+    return {
+        "the worker's claim": (worker, False),
+        "no pause check": (_no_pause(worker), False),
+        "no expired-lease CASEs": (_no_cases(worker), False),
+        "no position": (_no_position(worker), False),
+        "two columns": (two, False),
+        "no gen_random_uuid()": (no_uuid, False),
+        "setting in the session": (in_session, True),
+        "none of these": (none, True),
+        "minimal": (MINIMAL, True),
+    }
+
+
+def measure(url: str, rounds: int, pause: float) -> None:
+    engine = create_engine(url)
+    ways = variants(engine)
+    engine.dispose()
+    params = {
+        "b_queue": "default",
+        "b_worker": uuid.uuid4(),
+        "b_limit": 10,
+        "b_lease": timedelta(seconds=30),
+        # A notified claim's bound: before every job of the default priority.
+        "b_priority": 0,
+        "b_run_at": datetime(1970, 1, 1, tzinfo=UTC),
+        "b_id": -(2**63),
+    }
+    with (
+        psycopg.connect(DSN, autocommit=True) as claimer,
+        psycopg.connect(DSN, autocommit=True) as relaxed,
+        psycopg.connect(DSN, autocommit=True) as producer,
+    ):
+        relaxed.execute("SET synchronous_commit = off")
+        producer.execute(
+            "INSERT INTO sqlaq_jobs (kind, payload, status, finished_at)"
+            " SELECT 'noop', '{}', 'done', now() FROM generate_series(1, 200)"
+        )
+        producer.execute("ANALYZE sqlaq_jobs")
+        cursors = {False: claimer.cursor(binary=True), True: relaxed.cursor(binary=True)}
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        names = list(ways)
+        for n in range(rounds + 10):
+            random.shuffle(names)
+            for name in names:
+                sql, in_session = ways[name]
+                cursor = cursors[in_session]
+                time.sleep(pause)
+                producer.execute("INSERT INTO sqlaq_jobs (kind, payload) VALUES ('noop', '{}')")
+                started = time.perf_counter()
+                cursor.execute(sql, params, prepare=True)
+                rows = cursor.fetchall()
+                took = time.perf_counter() - started
+                if len(rows) != 1:
+                    raise RuntimeError(f"{name}: claimed {len(rows)} jobs, not 1")
+                if n >= 10:  # prepared, and past the server's custom plans
+                    times[name].append(took)
+                producer.execute(
+                    "UPDATE sqlaq_jobs SET status = 'done', finished_at = now() WHERE id = %s",
+                    (rows[0][0],),
+                )
+    for name, took in times.items():
+        p90 = statistics.quantiles(took, n=10)[-1]
+        print(f"  {name:24s} p50 {statistics.median(took) * 1e3:.3f} ms  p90 {p90 * 1e3:.3f} ms")
+
+
+def main(rounds: int = 300, pause_ms: float = 20.0) -> None:
+    with scratch_database("bench_claim_cost") as url:
+        print(f"claim of one job enqueued after a {pause_ms:g} ms pause, {rounds} rounds:")
+        measure(url, rounds, pause_ms / 1000)
+
+
+if __name__ == "__main__":
+    main(*(float(arg) if i else int(arg) for i, arg in enumerate(sys.argv[1:])))
