@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.scratch import scratch_database  # after the path is set, for a clean clone
 from sqlaq import queries
+from sqlaq.bounds import BIGINT_MIN
 
-DSN = "host=127.0.0.1 user=postgres dbname=bench_claim_cost"
 MINIMAL = (
     "WITH picked AS MATERIALIZED (SELECT id FROM sqlaq_jobs"
     " WHERE status IN ('queued', 'running') AND queue = 'default' AND run_at <= now()"
@@ -145,20 +145,19 @@ def measure(url: str, rounds: int, pause: float) -> None:
     engine = create_engine(url)
     ways = variants(engine)
     engine.dispose()
-    params = {
-        "b_queue": "default",
-        "b_worker": uuid.uuid4(),
-        "b_limit": 10,
-        "b_lease": timedelta(seconds=30),
-        # A notified claim's bound: before every job of the default priority.
-        "b_priority": 0,
-        "b_run_at": datetime(1970, 1, 1, tzinfo=UTC),
-        "b_id": -(2**63),
-    }
+    # A notified claim's bound: before every job of the default priority.
+    params = queries.claim_params(
+        queue="default",
+        worker_id=uuid.uuid4(),
+        limit=10,
+        lease=timedelta(seconds=30),
+        after=queries.ClaimPosition(0, datetime(1970, 1, 1, tzinfo=UTC), BIGINT_MIN),
+    )
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
     with (
-        psycopg.connect(DSN, autocommit=True) as claimer,
-        psycopg.connect(DSN, autocommit=True) as relaxed,
-        psycopg.connect(DSN, autocommit=True) as producer,
+        psycopg.connect(dsn, autocommit=True) as claimer,
+        psycopg.connect(dsn, autocommit=True) as relaxed,
+        psycopg.connect(dsn, autocommit=True) as producer,
     ):
         relaxed.execute("SET synchronous_commit = off")
         producer.execute(
