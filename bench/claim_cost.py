@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.scratch import scratch_database  # after the path is set, for a clean clone
 from sqlaq import queries
 from sqlaq.bounds import BIGINT_MIN
+from sqlaq.dsn import connection_params
 
 MINIMAL = (
     "WITH picked AS MATERIALIZED (SELECT id FROM sqlaq_jobs"
@@ -144,6 +145,7 @@ def variants(engine: Any) -> dict[str, tuple[str, bool]]:
 def measure(url: str, rounds: int, pause: float) -> None:
     engine = create_engine(url)
     ways = variants(engine)
+    connect = connection_params(engine, "sqlaq-claim-cost")
     engine.dispose()
     # A notified claim's bound: before every job of the default priority.
     params = queries.claim_params(
@@ -153,11 +155,10 @@ def measure(url: str, rounds: int, pause: float) -> None:
         lease=timedelta(seconds=30),
         after=queries.ClaimPosition(0, datetime(1970, 1, 1, tzinfo=UTC), BIGINT_MIN),
     )
-    dsn = url.replace("postgresql+psycopg://", "postgresql://")
     with (
-        psycopg.connect(dsn, autocommit=True) as claimer,
-        psycopg.connect(dsn, autocommit=True) as relaxed,
-        psycopg.connect(dsn, autocommit=True) as producer,
+        psycopg.connect(**connect, autocommit=True) as claimer,
+        psycopg.connect(**connect, autocommit=True) as relaxed,
+        psycopg.connect(**connect, autocommit=True) as producer,
     ):
         relaxed.execute("SET synchronous_commit = off")
         producer.execute(
