@@ -89,6 +89,8 @@ def bench(session: nox.Session) -> None:
 PROBES = [
     "bench/burst_probe.py 100 1 0.2",
     "bench/claim_cost.py 5 2",
+    "bench/drain_ceiling.py 600 50 serial",
+    "bench/drain_ceiling.py 600 50 pipelined",
     "bench/drain_probe.py 600 50 20 async",
     "bench/drain_probe.py 600 50 20 async --one-loop --command-gc",
     "bench/drain_probe.py 600 50 20 def",
