@@ -244,8 +244,9 @@ _WORKER_ENDED = 0
 
 
 @contextmanager
-def _signal_pipe() -> Iterator[tuple[int, int]]:
-    """A pipe that SIGTERM and SIGINT write their numbers to; all restored on exit.
+def _signal_pipe(*, keep: bool = False) -> Iterator[tuple[int, int]]:
+    """A pipe that SIGTERM and SIGINT write their numbers to; all restored on exit
+    (*keep*: but the handlers, which go on ignoring both until the process ends).
 
     The write is the interpreter's C-level handler's (``signal.set_wakeup_fd``), in
     whichever thread the signal lands: a Python-level handler runs only in the main
@@ -260,8 +261,9 @@ def _signal_pipe() -> Iterator[tuple[int, int]]:
     try:
         yield read_end, write_end
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        if not keep:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
         signal.set_wakeup_fd(previous_fd)
         os.close(read_end)
         os.close(write_end)
@@ -271,11 +273,11 @@ def _ignore(signum: int, frame: FrameType | None) -> None:
     """The Python-level handler of SIGTERM and SIGINT: the wakeup fd did the work."""
 
 
-def _run_until_signalled(worker: Worker, body: Callable[[], None]) -> int:
+def _run_until_signalled(worker: Worker, body: Callable[[], None], *, exiting: bool = False) -> int:
     """Run *body* (the worker, then its clean-up) in a thread; act on signals until it
-    ends. Returns the exit code."""
+    ends. Returns the exit code. *exiting*: see :func:`run_worker`."""
     failure: list[BaseException] = []
-    with _signal_pipe() as (read_end, write_end):
+    with _signal_pipe(keep=exiting) as (read_end, write_end):
 
         def target() -> None:
             try:
@@ -312,8 +314,17 @@ def _on_signal(worker: Worker, name: str, count: int) -> None:
         os._exit(EXIT_FORCED)
 
 
-def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
-    """``sqlaq-worker`` with explicit arguments and environment; returns the exit code."""
+def run_worker(
+    argv: Sequence[str] | None, environ: Mapping[str, str], *, exiting: bool = False
+) -> int:
+    """``sqlaq-worker`` with explicit arguments and environment; returns the exit code.
+
+    *exiting*: the process ends when this returns (the ``sqlaq-worker`` command), so
+    SIGTERM and SIGINT stay ignored once the worker has stopped: the last signal of a
+    quick burst that lands after a forced stop leaves the exit code to the command
+    instead of ending the process by its default action. Otherwise (a worker run inside
+    another program) the program's own handlers are put back.
+    """
     try:
         payload_limit(environ)
         options = parse_options(argv, environ)
@@ -351,7 +362,7 @@ def run_worker(argv: Sequence[str] | None, environ: Mapping[str, str]) -> int:
                     metrics.close()
                 engine.dispose()
 
-        return _run_until_signalled(worker, body)
+        return _run_until_signalled(worker, body, exiting=exiting)
     except (UsageError, ConfigError, SchemaOutOfDateError) as exc:
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
@@ -406,7 +417,7 @@ def _start_metrics(engine: Engine, port: int) -> WorkerMetrics | None:
 
 def worker_main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of ``sqlaq-worker``."""
-    sys.exit(run_worker(argv, os.environ))
+    sys.exit(run_worker(argv, os.environ, exiting=True))
 
 
 if __name__ == "__main__":
