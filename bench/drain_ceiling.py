@@ -1,7 +1,7 @@
 """The ceiling of a no-op drain on sqlaq's own table: the worker's claim and complete
 with nothing between them.
 
-    python bench/drain_ceiling.py [JOBS] [BATCH] [serial|pipelined]
+    python bench/drain_ceiling.py [JOBS] [BATCH] [serial|pipelined|handler]
 
 What ``../shared/peer-bench/limit/raw_loop.py`` is to a lean hand-written table, this is
 to sqlaq's: its schema (every index a feature needs), and the very statements its worker
@@ -15,7 +15,12 @@ statements.
 ``serial``: one connection, claim then complete, as the raw loop does. ``pipelined``
 (the default): the worker's own shape, claims on one connection in the main thread and
 completes on a second one in a thread of its own, so a complete and the next claim run
-at once on the server.
+at once on the server. ``handler``: pipelined, with the peer bench's no-op handler between
+the two on a third thread, as a worker runs a ``def`` handler on a slot thread: one
+16-byte ``write`` per job to a file opened ``O_APPEND`` (what the harness's
+``hooks.on_handler_start`` does), in a temporary folder removed at the end. The write
+lets the GIL go, so each job is a hand-over between threads: what that costs any worker
+whose ``def`` handlers run on threads other than its claims'.
 
 JOBS (default 60,000) no-op jobs are loaded with ``enqueue_copy`` into a database of its
 own (``bench_drain_ceiling``), dropped at the end. Prints jobs/s, then checks that every
@@ -24,8 +29,11 @@ job was claimed once and is done (it exits with an error otherwise).
 
 from __future__ import annotations
 
+import os
 import queue
+import struct
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -65,6 +73,21 @@ def claims(conn: Connection, batch: int) -> Iterator[list[ops.ClaimedJob]]:
         yield jobs
 
 
+def handle(
+    claimed: queue.SimpleQueue[list[ops.ClaimedJob] | None],
+    handed: queue.SimpleQueue[list[ops.ClaimedJob] | None],
+    log: int,
+) -> None:
+    """The no-op handler of the peer bench for each claimed job, one after another on
+    this thread; each claim's jobs go on to *handed* once all are run."""
+    record = struct.Struct("<qd")
+    while (jobs := claimed.get()) is not None:
+        for job in jobs:
+            os.write(log, record.pack(int(job.payload["seq"]), time.time()))
+        handed.put(jobs)
+    handed.put(None)
+
+
 def drain(url: str, batch: int, mode: str) -> int:
     """Drain the queue; return how many jobs were completed."""
     engine = create_engine(url)
@@ -96,12 +119,29 @@ def drain(url: str, batch: int, mode: str) -> int:
 
             thread = threading.Thread(target=complete, name="completes")
             thread.start()
-            try:
-                for jobs in claims(claiming, batch):
-                    handed.put(jobs)
-            finally:
-                handed.put(None)
-                thread.join()
+            if mode == "pipelined":
+                try:
+                    for jobs in claims(claiming, batch):
+                        handed.put(jobs)
+                finally:
+                    handed.put(None)
+                    thread.join()
+                return completed[0]
+            claimed: queue.SimpleQueue[list[ops.ClaimedJob] | None] = queue.SimpleQueue()
+            with tempfile.TemporaryDirectory() as folder:
+                log = os.open(f"{folder}/log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                handler = threading.Thread(
+                    target=handle, args=(claimed, handed, log), name="handler"
+                )
+                handler.start()
+                try:
+                    for jobs in claims(claiming, batch):
+                        claimed.put(jobs)
+                finally:
+                    claimed.put(None)
+                    handler.join()
+                    thread.join()
+                    os.close(log)
             return completed[0]
     finally:
         engine.dispose()
@@ -111,8 +151,8 @@ def main() -> None:
     jobs = int(sys.argv[1]) if len(sys.argv) > 1 else 60_000
     batch = int(sys.argv[2]) if len(sys.argv) > 2 else 200
     mode = sys.argv[3] if len(sys.argv) > 3 else "pipelined"
-    if mode not in ("serial", "pipelined"):
-        raise SystemExit(f"mode must be serial or pipelined, not {mode!r}")
+    if mode not in ("serial", "pipelined", "handler"):
+        raise SystemExit(f"mode must be serial, pipelined or handler, not {mode!r}")
     with scratch_database("bench_drain_ceiling") as url:
         engine = create_engine(url)
         with engine.begin() as conn:

@@ -1,21 +1,25 @@
 """Where a 10 ms drain's time goes, thread by thread, in sqlaq's own worker.
 
-    python bench/drain_probe.py [JOBS] [CONCURRENCY] [PREFETCH] [async|def] [--one-loop]
+    python bench/drain_probe.py [JOBS] [CONCURRENCY] [PREFETCH] [async|def|write] [--one-loop]
         [--command-gc]
 
 On a database of its own (``bench_drain_probe``, dropped at the end): JOBS jobs
 (default 60,000) whose handler sleeps 10 ms (``async def`` with ``asyncio.sleep``, or
-``def`` with ``time.sleep``), drained by an in-process burst worker at CONCURRENCY
+``def`` with ``time.sleep``; or ``write``, a ``def`` handler that only writes 16 bytes
+to a file opened ``O_APPEND`` in a temporary folder, what the peer bench's no-op handler
+does), drained by an in-process burst worker at CONCURRENCY
 (400) and PREFETCH (200). It prints:
 
-- jobs/s, and the process's CPU per job over the drain (``getrusage``);
+- jobs/s, and the process's CPU and context switches per job over the drain
+  (``getrusage``: a thread that waits for the GIL, or hands it over, is switched out);
 - the garbage collections during the drain and their time (``gc.callbacks``);
 - each thread's CPU per job (``/proc/self/task/*/schedstat``): the run thread (claims and the
   bookkeeping), the handlers' loop or the slot threads, the writer;
 - the busy cores of the whole machine over the drain (PostgreSQL included);
 - for ``async``: how late ``asyncio.sleep(0.01)`` returns (the loop's lag), p50/p90;
 - the worker's slots, sampled every 2 ms: handlers running (p50), the share of samples
-  with none running, and jobs claimed ahead and waiting for a slot (p50);
+  with none running, and jobs claimed ahead and waiting for a slot (p50); for ``def``
+  handlers, the slot threads alive (p50 and most);
 - the claims (how many, their median size and wall time) and the writer's batches.
 
 ``--command-gc`` tunes the process's collector first, as ``sqlaq-worker`` does
@@ -39,7 +43,9 @@ import gc
 import os
 import resource
 import statistics
+import struct
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -112,6 +118,23 @@ def main(
 def drain(
     engine: Any, jobs: int, concurrency: int, prefetch: int, sort: str, one_loop: bool
 ) -> None:
+    with tempfile.TemporaryDirectory() as folder:  # the write handler's file
+        log = os.open(f"{folder}/log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            drain_with(engine, jobs, concurrency, prefetch, sort, one_loop, log)
+        finally:
+            os.close(log)
+
+
+def drain_with(
+    engine: Any,
+    jobs: int,
+    concurrency: int,
+    prefetch: int,
+    sort: str,
+    one_loop: bool,
+    log: int,
+) -> None:
     registry = sqlaq.Registry()
     lags: list[float] = []
     if sort == "async":
@@ -122,11 +145,18 @@ def drain(
             await asyncio.sleep(0.01)
             lags.append(time.perf_counter() - started - 0.01)
 
-    else:
+    elif sort == "def":
 
         @registry.handler("sleep")
         def sleep_sync(payload: dict[str, Any]) -> None:
             time.sleep(0.01)
+
+    else:
+        record = struct.Struct("<qd")
+
+        @registry.handler("sleep")
+        def write(payload: dict[str, Any]) -> None:
+            os.write(log, record.pack(payload["seq"], time.time()))
 
     with engine.begin() as conn:
         for start in range(0, jobs, 1000):
@@ -161,6 +191,7 @@ def drain(
 
     worker._shutdown = on_shutdown  # type: ignore[method-assign]
     samples: list[tuple[int, int]] = []
+    threads: list[int] = []  # slot threads alive, at each sample
     done = threading.Event()
 
     def sample() -> None:
@@ -171,6 +202,7 @@ def drain(
             else:  # slot threads: submitted and not finished, less those queued
                 queued = runner._queue.qsize()
                 samples.append((runner._blocking - queued, queued))
+                threads.append(len(runner._threads))
 
     sampler = threading.Thread(target=sample, daemon=True)
     collected: list[float] = []  # seconds in each garbage collection during the drain
@@ -200,9 +232,12 @@ def drain(
         count = finished.scalar_one()
     cpu = after.ru_utime - usage.ru_utime + after.ru_stime - usage.ru_stime
     mode = "one loop (prototype)" if one_loop else "worker"
-    print(f"{mode}, {sort} 10 ms handler, concurrency {concurrency}, prefetch {prefetch}")
+    handler = "def handler writing 16 bytes" if sort == "write" else f"{sort} 10 ms handler"
+    print(f"{mode}, {handler}, concurrency {concurrency}, prefetch {prefetch}")
     print(f"  {count} done in {elapsed:.2f} s: {count / elapsed:,.0f} jobs/s")
     print(f"  process CPU per job: {cpu / count * 1e6:.1f} us")
+    switches = after.ru_nvcsw - usage.ru_nvcsw + after.ru_nivcsw - usage.ru_nivcsw
+    print(f"  context switches per job: {switches / count:.2f}")
     print(f"  garbage collections: {len(collected)}, {sum(collected) * 1e3:.0f} ms in all")
     per_thread = {
         name: round((at_end[name] - before.get(name, 0.0)) / count * 1e6, 1)
@@ -223,6 +258,9 @@ def drain(
             f"  slots: running p50 {p(running, 0.5):.0f} of {concurrency}, none running in"
             f" {idle:.0%} of samples; waiting p50 {p([float(s[1]) for s in middle], 0.5):.0f}"
         )
+    if threads:
+        alive = p([float(t) for t in threads], 0.5)
+        print(f"  slot threads alive: p50 {alive:.0f}, most {max(threads)}")
     if claims:
         sizes, walls = [c[0] for c in claims], [c[1] for c in claims]
         print(

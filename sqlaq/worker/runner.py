@@ -24,7 +24,7 @@ import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from datetime import timedelta
-from time import monotonic, perf_counter
+from time import monotonic, perf_counter, thread_time
 from typing import TYPE_CHECKING
 from uuid import UUID
 
@@ -32,12 +32,20 @@ from sqlaq import tracing
 from sqlaq.context import bind, unbind
 from sqlaq.outcome import CANCELLED, decide
 from sqlaq.worker import transaction
+from sqlaq.worker.pace import Pace
 from sqlaq.worker.run import Finished, Run, bounded, timed_out
 
 if TYPE_CHECKING:
     from sqlaq.worker.processes import ProcessPool
 
 __all__ = ["Runner"]
+
+#: Seconds with no sync run finished after which the slot threads count as stuck: a
+#: thread is added for runs that wait whatever the kinds' paces say. So the paces only
+#: hold back threads while runs end every few milliseconds; runs that take longer get
+#: a thread each, as many as wait, within this time. Longer than the GIL's switch
+#: interval (5 ms), for which every thread may wait behind the worker's own work.
+STALL = 0.01
 
 
 class Runner:
@@ -102,6 +110,15 @@ class Runner:
         self._blocking_lock = threading.Lock()
         self._blocking = 0  # sync runs submitted and not finished
         self._idle = 0  # slot threads between runs (a new one counts until its first)
+        self._paces: dict[str, Pace] = {}  # by kind: how many threads its runs can use
+        self._wanted = size  # the most any kind's runs can use (size until one is known)
+        self._finished_at = -STALL  # perf_counter() at the last sync run's end
+        self._finisher = 0  # the slot thread that ended it (threading.get_ident())
+        # A thread refused by the paces: the watch looks again after STALL, in case every
+        # thread is stuck by then (started at the first refusal; ends at close()).
+        self._again = threading.Event()
+        self._shut = threading.Event()
+        self._watch: threading.Thread | None = None
         self._busy = 0  # runs submitted and not reported: running or waiting to start
         # Guards _running, the gate's count: taken by slot threads and the loop.
         self._running_lock = threading.Lock()
@@ -229,6 +246,8 @@ class Runner:
         """
         if self._processes is not None:
             self._processes.close()
+        self._shut.set()
+        self._again.set()
         with self._blocking_lock:
             threads = len(self._threads)
         for _ in range(threads):
@@ -247,18 +266,53 @@ class Runner:
         thread that takes a run with more waiting behind it, so threads are added one
         after another for as long as runs wait with every thread busy: handlers that
         block (I/O, sleeps) get a thread each within a few milliseconds, while quick
-        ones, which a few threads take as fast as they come, never start the rest. (A
-        thread costs about 36 KiB of resident memory, and threads that only take turns
-        at the GIL run no faster than a few.)"""
+        ones, which a few threads take as fast as they come, never start the rest.
+
+        Once the runs of a kind have been measured, no more threads than they can use
+        are started (:mod:`sqlaq.worker.pace`: one for a handler that only computes),
+        unless no run has finished for a while (:data:`STALL`: every thread is stuck):
+        threads that only take turns at the GIL run no faster than one, and each turn
+        is a hand-over between threads that the worker's own thread waits behind. (A
+        thread also costs about 36 KiB of resident memory.)"""
         with self._blocking_lock:
-            if self._idle or len(self._threads) >= min(self._size, self._blocking):
+            count = len(self._threads)
+            if self._idle or count >= min(self._size, self._blocking):
                 return
-            thread = threading.Thread(
-                target=self._serve, name=f"sqlaq-slot-{len(self._threads)}", daemon=True
-            )
-            self._threads.append(thread)
-            self._idle += 1
+            stuck = perf_counter() - self._finished_at >= STALL
+            refused = count >= self._wanted and not stuck
+            if not refused:
+                thread = threading.Thread(
+                    target=self._serve, name=f"sqlaq-slot-{count}", daemon=True
+                )
+                self._threads.append(thread)
+                self._idle += 1
+        if refused:
+            self._look_again()
+            return
         thread.start()
+
+    def _look_again(self) -> None:
+        """Have the watch call :meth:`_grow` again after :data:`STALL` (the watch is
+        started here the first time): runs that wait get a thread if every thread is
+        stuck by then."""
+        if self._again.is_set():
+            return
+        with self._blocking_lock:
+            if self._watch is None:
+                self._watch = threading.Thread(
+                    target=self._watching, name="sqlaq-pace", daemon=True
+                )
+                self._watch.start()
+        self._again.set()
+
+    def _watching(self) -> None:
+        while True:
+            self._again.wait()
+            if self._shut.wait(STALL):
+                return
+            self._again.clear()
+            if not self._queue.empty():
+                self._grow()
 
     # -- the gate: at most *size* handlers at once -----------------------------------------
 
@@ -308,7 +362,8 @@ class Runner:
         if not self._mixed:  # the threads alone keep sync handlers at *size*
             while (run := get()) is not None:
                 self._taken()
-                self._run_one(run)
+                if not self._run_one(run):
+                    return
             return
         while (run := get()) is not None:
             self._taken()
@@ -317,9 +372,11 @@ class Runner:
                     self._idle += 1
                 continue
             try:
-                self._run_one(run)
+                serving = self._run_one(run)
             finally:
                 self._leave()
+            if not serving:
+                return
 
     def _taken(self) -> None:
         """A slot thread took a run: if more wait, a sibling for them (see :meth:`_grow`)."""
@@ -328,9 +385,16 @@ class Runner:
         if not self._queue.empty():
             self._grow()
 
-    def _run_one(self, run: Run) -> None:
+    def _run_one(self, run: Run) -> bool:
+        """Run *run* and report it; False when this thread ends now, one more than the
+        kinds' runs can use (see :meth:`_retire`)."""
         span = tracing.span_for(run)  # None without sqlaq[otel]
-        if run.context.cancelled:  # cancelled while it waited: never started
+        kind = run.job.kind
+        pace = self._paces.get(kind)
+        cpu = thread_time() if pace is None or pace.reads() else None
+        started = perf_counter()
+        ran = not run.context.cancelled
+        if not ran:  # cancelled while it waited: never started
             finished = Finished(run, CANCELLED, 0.0)
         elif run.handler is not None and run.timeout is not None:
             finished = self._run_with_deadline(run, run.timeout)
@@ -338,11 +402,46 @@ class Runner:
             finished = transaction.run_sync(run, self._session_factory())
         else:
             finished = self._call_sync(run)
+        ended = perf_counter()
+        if cpu is not None:
+            cpu = thread_time() - cpu
         tracing.end(span, finished.outcome)
         with self._blocking_lock:  # before reporting: the worker may refill the slot at once
             self._blocking -= 1
-            self._idle += 1
+            if ran:
+                self._pace(kind, pace, ended - started, cpu)
+            serving = not self._retire(started, ended)
+            self._finished_at, self._finisher = ended, threading.get_ident()
+            if serving:
+                self._idle += 1
         self._report(finished)
+        return serving
+
+    def _pace(self, kind: str, pace: Pace | None, wall: float, cpu: float | None) -> None:
+        """Count a run of *kind* in its pace (under ``_blocking_lock``)."""
+        if pace is None:
+            pace = self._paces[kind] = Pace()
+        if pace.add(wall, cpu):
+            self._wanted = max(each.want for each in self._paces.values())
+
+    def _retire(self, started: float, now: float) -> bool:
+        """Whether the calling slot thread, having just ended a run (from *started* to
+        *now*), ends too (under ``_blocking_lock``; it is then taken off the threads):
+        when there are a quarter more threads than the kinds' runs can use, its run was
+        quicker than :data:`STALL`, and another thread ended one lately (the others are
+        not all stuck in long runs). The last thread stays."""
+        count = len(self._threads)
+        wanted = self._wanted
+        if (
+            count <= 1
+            or count <= wanted + wanted // 4
+            or now - started >= STALL
+            or self._finisher == threading.get_ident()
+            or now - self._finished_at >= STALL
+        ):
+            return False
+        self._threads.remove(threading.current_thread())
+        return True
 
     def _call_sync(self, run: Run) -> Finished:
         token = bind(run.context)

@@ -4,6 +4,8 @@ run in hand. No database: runs are built from claimed-job records."""
 from __future__ import annotations
 
 import asyncio
+import os
+import statistics
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -47,11 +49,13 @@ def no_slot_threads() -> None:
 
 
 def _wait_for_closed_slot_threads() -> None:
-    """Join the slot threads of closed runners (they end when their runner is closed)."""
+    """Join the slot threads of closed runners (they end when their runner is closed),
+    and their watches."""
     for thread in threading.enumerate():
-        if thread.name.startswith("sqlaq-slot-"):
+        if thread.name.startswith(("sqlaq-slot-", "sqlaq-pace")):
             thread.join(5)
     assert _slot_threads() == 0
+    assert not [t for t in threading.enumerate() if t.name == "sqlaq-pace"]
 
 
 def _handler(func: Any) -> sqlaq.Handler:
@@ -127,6 +131,74 @@ def test_quick_runs_in_a_batch_do_not_start_a_thread_each() -> None:
     # and the fewest threads any of them used must stay below one per run.
     used = [_threads_for_a_batch_of_quick_runs() for _ in range(3)]
     assert 1 <= min(used) < 100, used
+
+
+def _measured(runner: Runner, handler: sqlaq.Handler, done: threading.Semaphore) -> None:
+    """Run one job of *handler* alone, so the runner knows its kind's pace."""
+    runner.submit(_runs(handler, 1))
+    assert done.acquire(timeout=30)
+    assert runner._paces[handler.kind].want >= 1
+
+
+@pytest.mark.usefixtures("no_slot_threads")
+def test_a_kind_that_only_computes_keeps_to_one_thread_though_its_runs_let_the_gil_go() -> None:
+    # Each run writes to a file, as a log line would: the GIL goes to another thread
+    # there, so every thread looks busy whenever one takes a run, and threads were added
+    # for as long as runs waited (about 20 for a claim of 200 in a worker), only to take
+    # turns at the GIL. Measured as a kind that computes, its runs keep to one thread;
+    # one more is started only if the runs stop finishing for a while (STALL), which a
+    # loaded machine can cause now and then.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    done = threading.Semaphore(0)
+    live: list[int] = []
+
+    def writes(payload: dict[str, Any]) -> None:
+        os.write(devnull, b"0123456789abcdef")
+        live.append(_slot_threads())
+
+    handler = _handler(writes)
+    runner = Runner(100, lambda item: done.release())
+    try:
+        _measured(runner, handler, done)
+        runner.submit(_runs(handler, 2000))
+        for _ in range(2000):
+            assert done.acquire(timeout=30)
+        assert runner._paces[handler.kind].want == 1
+        assert statistics.median(live) == 1, max(live)
+    finally:
+        runner.close()
+        os.close(devnull)
+
+
+@pytest.mark.usefixtures("no_slot_threads")
+def test_runs_of_a_quick_kind_that_start_to_block_still_get_a_thread_each() -> None:
+    # The kind is measured quick (one thread is all its runs can use); then its runs
+    # block. Once no run has finished for STALL, threads are added for the runs that
+    # wait, one after another, up to the concurrency, as for any kind that blocks.
+    release = threading.Event()
+    blocking = threading.Event()
+    started = threading.Semaphore(0)
+    done = threading.Semaphore(0)
+
+    def sometimes_blocks(payload: dict[str, Any]) -> None:
+        if blocking.is_set():
+            started.release()
+            release.wait(30)
+
+    handler = _handler(sometimes_blocks)
+    runner = Runner(20, lambda item: done.release())
+    try:
+        _measured(runner, handler, done)
+        assert runner._paces[handler.kind].want <= 2
+        blocking.set()
+        runner.submit(_runs(handler, 30))
+        for _ in range(20):  # 20 run at once, each on a thread of its own
+            assert started.acquire(timeout=30)
+        assert not started.acquire(timeout=0.2)  # no 21st: the concurrency holds
+        assert _slot_threads() == 20
+    finally:
+        release.set()
+        runner.close()
 
 
 @pytest.mark.usefixtures("no_slot_threads")

@@ -1,0 +1,51 @@
+"""How many slot threads a kind's runs can use (sqlaq.worker.pace): one plus twice their
+wait over their CPU time, the wait read off the quickest run of a window."""
+
+from __future__ import annotations
+
+from sqlaq.worker.pace import SAMPLE, WINDOW, Pace
+
+
+def _window(pace: Pace, wall: float, cpu: float, runs: int = WINDOW) -> list[bool]:
+    return [pace.add(wall, cpu if pace.reads() else None) for _ in range(runs)]
+
+
+def test_the_first_run_gives_the_first_figure() -> None:
+    pace = Pace()
+    assert pace.want == 0
+    assert pace.reads()
+    assert pace.add(0.010, 0.000_05)  # sleeps 10 ms, computes 50 us
+    assert pace.want == 399
+
+
+def test_a_kind_that_only_computes_wants_one_thread() -> None:
+    pace = Pace()
+    pace.add(0.000_01, 0.000_01)
+    assert pace.want == 1
+    # Waits for the GIL make most runs look ten times longer than they compute; the
+    # quickest of the window did not wait.
+    walls = [0.000_1] * (WINDOW - 1) + [0.000_012]
+    for wall in walls:
+        pace.add(wall, 0.000_01 if pace.reads() else None)
+    assert pace.want == 1
+
+
+def test_each_window_replaces_the_last_figure() -> None:
+    pace = Pace()
+    pace.add(0.000_01, 0.000_01)
+    closed = _window(pace, 0.001, 0.000_1)  # now waits 0.9 ms for each 0.1 computed
+    assert closed == [False] * (WINDOW - 1) + [True]
+    assert pace.want == 19
+    _window(pace, 0.000_2, 0.000_1)  # and now 0.1
+    assert pace.want == 3
+
+
+def test_cpu_time_is_read_on_one_run_in_sample() -> None:
+    pace = Pace()
+    pace.add(0.001, 0.001)
+    reads = []
+    for _ in range(WINDOW):
+        reads.append(pace.reads())
+        pace.add(0.001, 0.001 if reads[-1] else None)
+    assert sum(reads) == WINDOW // SAMPLE
+    assert reads[0]  # the first run of each window among them
