@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import queue
 import sys
 import threading
@@ -99,6 +100,7 @@ class Runner:
         self._on_finished = on_finished
         self._queue: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._numbers = itertools.count()  # slot threads' names: sqlaq-slot-0, -1...
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._loop_lock = threading.Lock()
@@ -119,6 +121,7 @@ class Runner:
         self._again = threading.Event()
         self._shut = threading.Event()
         self._watch: threading.Thread | None = None
+        self._closed = False  # close() has counted the threads it ends
         self._busy = 0  # runs submitted and not reported: running or waiting to start
         # Guards _running, the gate's count: taken by slot threads and the loop.
         self._running_lock = threading.Lock()
@@ -248,7 +251,8 @@ class Runner:
             self._processes.close()
         self._shut.set()
         self._again.set()
-        with self._blocking_lock:
+        with self._blocking_lock:  # no thread is started after this count (see _grow)
+            self._closed = True
             threads = len(self._threads)
         for _ in range(threads):
             self._queue.put(None)
@@ -276,14 +280,13 @@ class Runner:
         thread also costs about 36 KiB of resident memory.)"""
         with self._blocking_lock:
             count = len(self._threads)
-            if self._idle or count >= min(self._size, self._blocking):
+            if self._closed or self._idle or count >= min(self._size, self._blocking):
                 return
             stuck = perf_counter() - self._finished_at >= STALL
             refused = count >= self._wanted and not stuck
             if not refused:
-                thread = threading.Thread(
-                    target=self._serve, name=f"sqlaq-slot-{count}", daemon=True
-                )
+                name = f"sqlaq-slot-{next(self._numbers)}"  # never one a thread still has
+                thread = threading.Thread(target=self._serve, name=name, daemon=True)
                 self._threads.append(thread)
                 self._idle += 1
         if refused:

@@ -202,6 +202,17 @@ def test_runs_of_a_quick_kind_that_start_to_block_still_get_a_thread_each() -> N
 
 
 @pytest.mark.usefixtures("no_slot_threads")
+def test_a_closed_runner_starts_no_thread() -> None:
+    # close() ends as many threads as it counts; one started after (by the watch, or a
+    # slot thread taking the last runs) would wait on the queue for ever.
+    runner = Runner(10, lambda item: None)
+    runner.close()
+    runner.submit(_runs(_handler(lambda payload: None), 5))  # as a late _grow would
+    runner._grow()
+    assert _slot_threads() == 0
+
+
+@pytest.mark.usefixtures("no_slot_threads")
 def test_a_run_whose_thread_waits_at_the_full_gate_is_withdrawn() -> None:
     # One place, taken by an async handler; a sync run's thread waits for it. The run
     # has not started: a stopping worker takes it back and hands its job back at once.
