@@ -309,11 +309,13 @@ class Runner:
         self._again.set()
 
     def _watching(self) -> None:
-        while True:
+        # Cleared before the wait, so a close() at any point ends the loop: its _shut
+        # is seen by the wait or by the loop's test, and its _again is never lost.
+        while not self._shut.is_set():
             self._again.wait()
+            self._again.clear()
             if self._shut.wait(STALL):
                 return
-            self._again.clear()
             if not self._queue.empty():
                 self._grow()
 
