@@ -21,7 +21,9 @@ Both are measured on the runs themselves, per kind, in windows of :data:`WINDOW`
   and each thread taking turns at it makes every run look blocked for longer); the
   quickest run of a window is the one that waited least for the GIL.
 
-The first run of a kind gives its first figure; each window's figure replaces the last.
+The first :data:`SAMPLE` runs of a kind give its first figure (one run alone can be
+far off: the first call of a thread, a moment without the processor); each window's
+figure replaces the last.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class Pace:
         self._cpu = 0.0  # CPU time of the runs read in this window
         self._read = 0  # runs whose CPU time was read in this window
         self._runs = 0  # runs in this window
-        #: Threads the kind's runs can use, at least 1; 0 until its first run.
+        #: Threads the kind's runs can use, at least 1; 0 until its first figure.
         self.want = 0
 
     def reads(self) -> bool:
@@ -65,7 +67,7 @@ class Pace:
         if cpu is not None:
             self._cpu += cpu
             self._read += 1
-        if (self.want and self._runs < WINDOW) or not self._read:
+        if self._runs < (WINDOW if self.want else SAMPLE) or not self._read:
             return False
         compute = max(self._cpu / self._read, 1e-7)
         self.want = max(1, round(2 * self._least / compute - 1))  # 1 + 2 W / C

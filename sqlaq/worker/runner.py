@@ -115,6 +115,9 @@ class Runner:
         self._paces: dict[str, Pace] = {}  # by kind: how many threads its runs can use
         self._wanted = size  # the most any kind's runs can use (size until one is known)
         self._finished_at = -STALL  # perf_counter() at the last sync run's end
+        # perf_counter() when the slot threads were last seen not stuck: a run ended, or
+        # runs came with a thread between runs (an idle pool is not a stuck one).
+        self._moved_at = -STALL
         self._finisher = 0  # the slot thread that ended it (threading.get_ident())
         # A thread refused by the paces: the watch looks again after STALL, in case every
         # thread is stuck by then (started at the first refusal; ends at close()).
@@ -152,6 +155,8 @@ class Runner:
         with self._blocking_lock:
             self._busy += blocking + len(coroutines) + len(in_children)
             self._blocking += blocking
+            if blocking and self._idle:
+                self._moved_at = perf_counter()
         if in_children and processes is not None:
             processes.submit(in_children)
         if blocking:
@@ -274,7 +279,8 @@ class Runner:
 
         Once the runs of a kind have been measured, no more threads than they can use
         are started (:mod:`sqlaq.worker.pace`: one for a handler that only computes),
-        unless no run has finished for a while (:data:`STALL`: every thread is stuck):
+        unless the threads have been busy for a while with no run finished (:data:`STALL`:
+        every thread is stuck):
         threads that only take turns at the GIL run no faster than one, and each turn
         is a hand-over between threads that the worker's own thread waits behind. (A
         thread also costs about 36 KiB of resident memory.)"""
@@ -282,7 +288,7 @@ class Runner:
             count = len(self._threads)
             if self._closed or self._idle or count >= min(self._size, self._blocking):
                 return
-            stuck = perf_counter() - self._finished_at >= STALL
+            stuck = perf_counter() - self._moved_at >= STALL
             refused = count >= self._wanted and not stuck
             if not refused:
                 name = f"sqlaq-slot-{next(self._numbers)}"  # never one a thread still has
@@ -417,6 +423,7 @@ class Runner:
                 self._pace(kind, pace, ended - started, cpu)
             serving = not self._retire(started, ended)
             self._finished_at, self._finisher = ended, threading.get_ident()
+            self._moved_at = ended
             if serving:
                 self._idle += 1
         self._report(finished)

@@ -10,17 +10,18 @@ def _window(pace: Pace, wall: float, cpu: float, runs: int = WINDOW) -> list[boo
     return [pace.add(wall, cpu if pace.reads() else None) for _ in range(runs)]
 
 
-def test_the_first_run_gives_the_first_figure() -> None:
+def test_the_first_runs_give_the_first_figure() -> None:
     pace = Pace()
     assert pace.want == 0
     assert pace.reads()
-    assert pace.add(0.010, 0.000_05)  # sleeps 10 ms, computes 50 us
+    # sleeps 10 ms, computes 50 us
+    assert _window(pace, 0.010, 0.000_05, SAMPLE) == [False] * (SAMPLE - 1) + [True]
     assert pace.want == 399
 
 
 def test_a_kind_that_only_computes_wants_one_thread() -> None:
     pace = Pace()
-    pace.add(0.000_01, 0.000_01)
+    _window(pace, 0.000_01, 0.000_01, SAMPLE)
     assert pace.want == 1
     # Waits for the GIL make most runs look ten times longer than they compute; the
     # quickest of the window did not wait.
@@ -32,7 +33,7 @@ def test_a_kind_that_only_computes_wants_one_thread() -> None:
 
 def test_each_window_replaces_the_last_figure() -> None:
     pace = Pace()
-    pace.add(0.000_01, 0.000_01)
+    _window(pace, 0.000_01, 0.000_01, SAMPLE)
     closed = _window(pace, 0.001, 0.000_1)  # now waits 0.9 ms for each 0.1 computed
     assert closed == [False] * (WINDOW - 1) + [True]
     assert pace.want == 19
@@ -42,7 +43,7 @@ def test_each_window_replaces_the_last_figure() -> None:
 
 def test_cpu_time_is_read_on_one_run_in_sample() -> None:
     pace = Pace()
-    pace.add(0.001, 0.001)
+    _window(pace, 0.001, 0.001, SAMPLE)
     reads = []
     for _ in range(WINDOW):
         reads.append(pace.reads())

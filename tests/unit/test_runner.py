@@ -8,6 +8,7 @@ import collections
 import itertools
 import os
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,8 +19,9 @@ from workerkit import wait_until
 import sqlaq
 from sqlaq.context import JobContext
 from sqlaq.outcome import CANCELLED, Verdict
+from sqlaq.worker.pace import SAMPLE
 from sqlaq.worker.run import Finished, Run
-from sqlaq.worker.runner import Runner
+from sqlaq.worker.runner import STALL, Runner
 
 _NIL = uuid.UUID(int=0)
 _LEASE = timedelta(seconds=30)
@@ -141,9 +143,10 @@ def test_quick_runs_in_a_batch_do_not_start_a_thread_each() -> None:
 
 
 def _measured(runner: Runner, handler: sqlaq.Handler, done: threading.Semaphore) -> None:
-    """Run one job of *handler* alone, so the runner knows its kind's pace."""
-    runner.submit(_runs(handler, 1))
-    assert done.acquire(timeout=30)
+    """Run jobs of *handler* one at a time until the runner knows its kind's pace."""
+    for run in _runs(handler, SAMPLE):
+        runner.submit([run])
+        assert done.acquire(timeout=30)
     assert runner._paces[handler.kind].want >= 1
 
 
@@ -166,19 +169,23 @@ def test_a_kind_that_only_computes_keeps_to_one_thread_though_its_runs_let_the_g
         ran_on.append(threading.current_thread().name)
 
     def report(item: Finished) -> None:  # the test's thread waits once, not per run
-        if next(ends) in (1, 2001):
+        if next(ends) in (SAMPLE, SAMPLE + 2000):
             all_ended.set()
 
     handler = _handler(writes)
     runner = Runner(100, report)
     try:
-        runner.submit(_runs(handler, 1))
+        runner.submit(_runs(handler, SAMPLE))  # its first figure
         assert all_ended.wait(30)
         all_ended.clear()
         assert runner._paces[handler.kind].want <= 2
-        runner.submit(_runs(handler, 2000))
+        runs = _runs(handler, 2000)
+        # An idle moment before the batch: the pool was idle, not stuck, and its first
+        # thread taking the first run starts no chain of siblings.
+        time.sleep(2 * STALL)
+        runner.submit(runs)
         assert all_ended.wait(30)
-        threads = collections.Counter(ran_on[1:])
+        threads = collections.Counter(ran_on[SAMPLE:])
         assert len(threads) <= 5, threads
         assert threads.most_common(1)[0][1] >= 900, threads  # half the runs on one thread
     finally:
@@ -188,16 +195,20 @@ def test_a_kind_that_only_computes_keeps_to_one_thread_though_its_runs_let_the_g
 
 @pytest.mark.usefixtures("no_slot_threads")
 def test_runs_of_a_quick_kind_that_start_to_block_still_get_a_thread_each() -> None:
-    # The kind is measured quick (one thread is all its runs can use); then its runs
-    # block. Once no run has finished for STALL, threads are added for the runs that
-    # wait, one after another, up to the concurrency, as for any kind that blocks.
+    # The kind is measured quick (one thread, or two, is all its runs can use); then,
+    # after an idle moment, its runs block. The pool was idle, not stuck: the threads
+    # beyond the kind's figure wait until no run has ended for STALL since the runs
+    # came; then they are added one after another, up to the concurrency, as for any
+    # kind that blocks.
     release = threading.Event()
     blocking = threading.Event()
     started = threading.Semaphore(0)
+    starts: list[float] = []
     done = threading.Semaphore(0)
 
     def sometimes_blocks(payload: dict[str, Any]) -> None:
         if blocking.is_set():
+            starts.append(time.perf_counter())
             started.release()
             release.wait(30)
 
@@ -205,10 +216,15 @@ def test_runs_of_a_quick_kind_that_start_to_block_still_get_a_thread_each() -> N
     runner = Runner(20, lambda item: done.release())
     try:
         _measured(runner, handler, done)
-        assert runner._paces[handler.kind].want <= 2
+        want = runner._paces[handler.kind].want
+        assert want < 20
         blocking.set()
-        runner.submit(_runs(handler, 30))
+        runs = _runs(handler, 30)
+        time.sleep(2 * STALL)  # the idle moment
+        submitted = time.perf_counter()
+        runner.submit(runs)
         _each_on_a_thread_of_its_own(started, 20)
+        assert sorted(starts)[want] - submitted >= STALL
     finally:
         release.set()
         runner.close()
