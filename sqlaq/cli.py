@@ -246,7 +246,9 @@ _WORKER_ENDED = 0
 @contextmanager
 def _signal_pipe(*, keep: bool = False) -> Iterator[tuple[int, int]]:
     """A pipe that SIGTERM and SIGINT write their numbers to; all restored on exit
-    (*keep*: but the handlers, which go on ignoring both until the process ends).
+    (*keep*: but the handlers, which then ignore both until the process ends: by
+    ``SIG_IGN``, not the Python-level handler, which the interpreter's finalization puts
+    back to the default action, so a signal landing while it exits would end it).
 
     The write is the interpreter's C-level handler's (``signal.set_wakeup_fd``), in
     whichever thread the signal lands: a Python-level handler runs only in the main
@@ -261,9 +263,8 @@ def _signal_pipe(*, keep: bool = False) -> Iterator[tuple[int, int]]:
     try:
         yield read_end, write_end
     finally:
-        if not keep:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
+        for sig, old in previous.items():
+            signal.signal(sig, signal.SIG_IGN if keep else old)
         signal.set_wakeup_fd(previous_fd)
         os.close(read_end)
         os.close(write_end)
