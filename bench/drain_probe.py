@@ -201,8 +201,8 @@ def drain_with(
                 samples.append((runner._running, len(runner._waiting)))
             else:  # slot threads: submitted and not finished, less those queued
                 queued = runner._queue.qsize()
-                samples.append((runner._blocking - queued, queued))
-                threads.append(len(runner._threads))
+                samples.append((runner._slots.blocking - queued, queued))
+                threads.append(runner._slots.count)
 
     sampler = threading.Thread(target=sample, daemon=True)
     collected: list[float] = []  # seconds in each garbage collection during the drain

@@ -7,7 +7,8 @@ Each concurrent responsibility is a part with one inbox; the run thread (the cal
                                 one autocommit claim per due queue  (fetcher.py)
     runner       (slot threads, one event loop)
                                 runs handlers; each finished one becomes a Finished
-                                value with its Outcome  (runner.py, sqlaq.outcome)
+                                value with its Outcome  (runner.py, sqlaq.outcome);
+                                how many slot threads  (slots.py, pace.py)
     outbox       (run thread)   outcomes waiting for the writer, the batch in flight;
                                 settles each written batch  (outbox.py)
     writer       (its thread)   writes batches of outcomes and lease renewals; a batch

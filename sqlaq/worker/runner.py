@@ -1,7 +1,8 @@
 """Running handlers off the worker's thread; no SQL, no scheduling.
 
 This module owns where handler code executes: sync handlers on a set of long-lived
-daemon threads fed by one queue (a job costs a queue hand-off, never a thread), async
+daemon threads fed by one queue (a job costs a queue hand-off, never a thread; how many
+threads is :mod:`sqlaq.worker.slots`'s to decide), async
 handlers as tasks on one event loop in one daemon thread. Sync handlers of the
 process executor go to its pool (:mod:`sqlaq.worker.processes`), whose one thread
 sends them to child processes and reports their answers. Each finished handler becomes a
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import queue
 import sys
 import threading
@@ -33,25 +33,18 @@ from sqlaq import tracing
 from sqlaq.context import bind, unbind
 from sqlaq.outcome import CANCELLED, decide
 from sqlaq.worker import transaction
-from sqlaq.worker.pace import Pace
 from sqlaq.worker.run import Finished, Run, bounded, timed_out
+from sqlaq.worker.slots import Slots
 
 if TYPE_CHECKING:
     from sqlaq.worker.processes import ProcessPool
 
 __all__ = ["Runner"]
 
-#: Seconds with no sync run finished after which the slot threads count as stuck: a
-#: thread is added for runs that wait whatever the kinds' paces say. So the paces only
-#: hold back threads while runs end every few milliseconds; runs that take longer get
-#: a thread each, as many as wait, within this time. Longer than the GIL's switch
-#: interval (5 ms), for which every thread may wait behind the worker's own work.
-STALL = 0.01
-
 
 class Runner:
-    """Executes runs: sync handlers on up to *size* threads (added while runs wait with
-    every thread busy), async ones on one loop, at most *size* of either kind at once.
+    """Executes runs: sync handlers on up to *size* threads (as many as they can use:
+    :mod:`sqlaq.worker.slots`), async ones on one loop, at most *size* of either kind at once.
 
     Runs may be submitted beyond *size* (a worker that prefetches does): they wait, sync
     ones in the threads' queue and async ones in a waiting line on the loop, and start
@@ -99,32 +92,14 @@ class Runner:
         self._mixed = mixed
         self._on_finished = on_finished
         self._queue: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._numbers = itertools.count()  # slot threads' names: sqlaq-slot-0, -1...
+        self._slots = Slots(size, self._serve, self._queued)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._loop_lock = threading.Lock()
         self._tasks: dict[Run, asyncio.Task[None]] = {}  # running async handlers, by run
         self._waiting: deque[Run] = deque()  # async runs not started; the loop pops them
         self._pumping = False  # the loop's thread is in _pump (read and set there only)
-        # Guards _blocking (how many slot threads are wanted) and _busy (what the worker
-        # may still hand in): both change in the run thread and in the slot threads.
-        self._blocking_lock = threading.Lock()
-        self._blocking = 0  # sync runs submitted and not finished
-        self._idle = 0  # slot threads between runs (a new one counts until its first)
-        self._paces: dict[str, Pace] = {}  # by kind: how many threads its runs can use
-        self._wanted = size  # the most any kind's runs can use (size until one is known)
-        self._finished_at = -STALL  # perf_counter() at the last sync run's end
-        # perf_counter() when the slot threads were last seen not stuck: a run ended, or
-        # runs came with a thread between runs (an idle pool is not a stuck one).
-        self._moved_at = -STALL
-        self._finisher = 0  # the slot thread that ended it (threading.get_ident())
-        # A thread refused by the paces: the watch looks again after STALL, in case every
-        # thread is stuck by then (started at the first refusal; ends at close()).
-        self._again = threading.Event()
-        self._shut = threading.Event()
-        self._watch: threading.Thread | None = None
-        self._closed = False  # close() has counted the threads it ends
+        self._busy_lock = threading.Lock()  # _busy changes in every thread that reports
         self._busy = 0  # runs submitted and not reported: running or waiting to start
         # Guards _running, the gate's count: taken by slot threads and the loop.
         self._running_lock = threading.Lock()
@@ -152,15 +127,11 @@ class Runner:
             else:
                 self._queue.put(run)
                 blocking += 1
-        with self._blocking_lock:
+        with self._busy_lock:
             self._busy += blocking + len(coroutines) + len(in_children)
-            self._blocking += blocking
-            if blocking and self._idle:
-                self._moved_at = perf_counter()
         if in_children and processes is not None:
             processes.submit(in_children)
-        if blocking:
-            self._grow()
+        self._slots.handed(blocking)
         if coroutines:
             self._waiting.extend(coroutines)
             self._ensure_loop().call_soon_threadsafe(self._pump)
@@ -188,8 +159,8 @@ class Runner:
                 taken.append(self._waiting.popleft())
             except IndexError:
                 break
-        with self._blocking_lock:
-            self._blocking -= blocking
+        self._slots.withdrawn(blocking)
+        with self._busy_lock:
             self._busy -= len(taken)
         return taken
 
@@ -207,13 +178,13 @@ class Runner:
     def _report(self, finished: Finished) -> None:
         """Hand *finished* to the worker, its slot counted free first (the worker may
         refill it at once)."""
-        with self._blocking_lock:
+        with self._busy_lock:
             self._busy -= 1
         self._on_finished(finished)
 
     def _report_many(self, finished: list[Finished]) -> None:
         """:meth:`_report` for several runs at once."""
-        with self._blocking_lock:
+        with self._busy_lock:
             self._busy -= len(finished)
         if self._on_finished_many is not None:
             self._on_finished_many(finished)
@@ -254,12 +225,7 @@ class Runner:
         """
         if self._processes is not None:
             self._processes.close()
-        self._shut.set()
-        self._again.set()
-        with self._blocking_lock:  # no thread is started after this count (see _grow)
-            self._closed = True
-            threads = len(self._threads)
-        for _ in range(threads):
+        for _ in range(self._slots.close()):
             self._queue.put(None)
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -268,62 +234,6 @@ class Runner:
         loop.call_soon_threadsafe(self._cancel_tasks, own)
         if self._loop_thread is not None:
             self._loop_thread.join(timeout=2.0)
-
-    def _grow(self) -> None:
-        """Start one more slot thread if sync runs wait and no thread is between runs
-        (up to the sync runs in hand and *size*). Called on each submit and by each
-        thread that takes a run with more waiting behind it, so threads are added one
-        after another for as long as runs wait with every thread busy: handlers that
-        block (I/O, sleeps) get a thread each within a few milliseconds, while quick
-        ones, which a few threads take as fast as they come, never start the rest.
-
-        Once the runs of a kind have been measured, no more threads than they can use
-        are started (:mod:`sqlaq.worker.pace`: one for a handler that only computes),
-        unless the threads have been busy for a while with no run finished (:data:`STALL`:
-        every thread is stuck):
-        threads that only take turns at the GIL run no faster than one, and each turn
-        is a hand-over between threads that the worker's own thread waits behind. (A
-        thread also costs about 36 KiB of resident memory.)"""
-        with self._blocking_lock:
-            count = len(self._threads)
-            if self._closed or self._idle or count >= min(self._size, self._blocking):
-                return
-            stuck = perf_counter() - self._moved_at >= STALL
-            refused = count >= self._wanted and not stuck
-            if not refused:
-                name = f"sqlaq-slot-{next(self._numbers)}"  # never one a thread still has
-                thread = threading.Thread(target=self._serve, name=name, daemon=True)
-                self._threads.append(thread)
-                self._idle += 1
-        if refused:
-            self._look_again()
-            return
-        thread.start()
-
-    def _look_again(self) -> None:
-        """Have the watch call :meth:`_grow` again after :data:`STALL` (the watch is
-        started here the first time): runs that wait get a thread if every thread is
-        stuck by then."""
-        if self._again.is_set():
-            return
-        with self._blocking_lock:
-            if self._watch is None:
-                self._watch = threading.Thread(
-                    target=self._watching, name="sqlaq-pace", daemon=True
-                )
-                self._watch.start()
-        self._again.set()
-
-    def _watching(self) -> None:
-        # Cleared before the wait, so a close() at any point ends the loop: its _shut
-        # is seen by the wait or by the loop's test, and its _again is never lost.
-        while not self._shut.is_set():
-            self._again.wait()
-            self._again.clear()
-            if self._shut.wait(STALL):
-                return
-            if not self._queue.empty():
-                self._grow()
 
     # -- the gate: at most *size* handlers at once -----------------------------------------
 
@@ -369,18 +279,17 @@ class Runner:
     # -- sync handlers -------------------------------------------------------------------
 
     def _serve(self) -> None:
-        get = self._queue.get
+        get, taken = self._queue.get, self._slots.taken
         if not self._mixed:  # the threads alone keep sync handlers at *size*
             while (run := get()) is not None:
-                self._taken()
+                taken()
                 if not self._run_one(run):
                     return
             return
         while (run := get()) is not None:
-            self._taken()
+            taken()
             if not self._enter(run):  # withdrawn: its job is handed back
-                with self._blocking_lock:
-                    self._idle += 1
+                self._slots.skipped()
                 continue
             try:
                 serving = self._run_one(run)
@@ -389,20 +298,16 @@ class Runner:
             if not serving:
                 return
 
-    def _taken(self) -> None:
-        """A slot thread took a run: if more wait, a sibling for them (see :meth:`_grow`)."""
-        with self._blocking_lock:
-            self._idle -= 1
-        if not self._queue.empty():
-            self._grow()
+    def _queued(self) -> bool:
+        """Whether sync runs wait in the slot threads' queue."""
+        return not self._queue.empty()
 
     def _run_one(self, run: Run) -> bool:
         """Run *run* and report it; False when this thread ends now, one more than the
-        kinds' runs can use (see :meth:`_retire`)."""
+        kinds' runs can use (see :meth:`Slots.ended <sqlaq.worker.slots.Slots.ended>`)."""
         span = tracing.span_for(run)  # None without sqlaq[otel]
         kind = run.job.kind
-        pace = self._paces.get(kind)
-        cpu = thread_time() if pace is None or pace.reads() else None
+        cpu = thread_time() if self._slots.reads(kind) else None
         started = perf_counter()
         ran = not run.context.cancelled
         if not ran:  # cancelled while it waited: never started
@@ -417,43 +322,10 @@ class Runner:
         if cpu is not None:
             cpu = thread_time() - cpu
         tracing.end(span, finished.outcome)
-        with self._blocking_lock:  # before reporting: the worker may refill the slot at once
-            self._blocking -= 1
-            if ran:
-                self._pace(kind, pace, ended - started, cpu)
-            serving = not self._retire(started, ended)
-            self._finished_at, self._finisher = ended, threading.get_ident()
-            self._moved_at = ended
-            if serving:
-                self._idle += 1
+        # Before reporting: the worker may refill the slot at once.
+        serving = self._slots.ended(kind, started, ended, cpu, ran=ran)
         self._report(finished)
         return serving
-
-    def _pace(self, kind: str, pace: Pace | None, wall: float, cpu: float | None) -> None:
-        """Count a run of *kind* in its pace (under ``_blocking_lock``)."""
-        if pace is None:
-            pace = self._paces[kind] = Pace()
-        if pace.add(wall, cpu):
-            self._wanted = max(each.want for each in self._paces.values())
-
-    def _retire(self, started: float, now: float) -> bool:
-        """Whether the calling slot thread, having just ended a run (from *started* to
-        *now*), ends too (under ``_blocking_lock``; it is then taken off the threads):
-        when there are a quarter more threads than the kinds' runs can use, its run was
-        quicker than :data:`STALL`, and another thread ended one lately (the others are
-        not all stuck in long runs). The last thread stays."""
-        count = len(self._threads)
-        wanted = self._wanted
-        if (
-            count <= 1
-            or count <= wanted + wanted // 4
-            or now - started >= STALL
-            or self._finisher == threading.get_ident()
-            or now - self._finished_at >= STALL
-        ):
-            return False
-        self._threads.remove(threading.current_thread())
-        return True
 
     def _call_sync(self, run: Run) -> Finished:
         token = bind(run.context)

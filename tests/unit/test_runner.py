@@ -21,7 +21,8 @@ from sqlaq.context import JobContext
 from sqlaq.outcome import CANCELLED, Verdict
 from sqlaq.worker.pace import SAMPLE
 from sqlaq.worker.run import Finished, Run
-from sqlaq.worker.runner import STALL, Runner
+from sqlaq.worker.runner import Runner
+from sqlaq.worker.slots import STALL
 
 _NIL = uuid.UUID(int=0)
 _LEASE = timedelta(seconds=30)
@@ -147,7 +148,7 @@ def _measured(runner: Runner, handler: sqlaq.Handler, done: threading.Semaphore)
     for run in _runs(handler, SAMPLE):
         runner.submit([run])
         assert done.acquire(timeout=30)
-    assert runner._paces[handler.kind].want >= 1
+    assert runner._slots.want(handler.kind) >= 1
 
 
 @pytest.mark.usefixtures("no_slot_threads")
@@ -178,7 +179,7 @@ def test_a_kind_that_only_computes_keeps_to_one_thread_though_its_runs_let_the_g
         runner.submit(_runs(handler, SAMPLE))  # its first figure
         assert all_ended.wait(30)
         all_ended.clear()
-        assert runner._paces[handler.kind].want <= 2
+        assert runner._slots.want(handler.kind) <= 2
         runs = _runs(handler, 2000)
         # An idle moment before the batch: the pool was idle, not stuck, and its first
         # thread taking the first run starts no chain of siblings.
@@ -216,7 +217,7 @@ def test_runs_of_a_quick_kind_that_start_to_block_still_get_a_thread_each() -> N
     runner = Runner(20, lambda item: done.release())
     try:
         _measured(runner, handler, done)
-        want = runner._paces[handler.kind].want
+        want = runner._slots.want(handler.kind)
         assert want < 20
         blocking.set()
         runs = _runs(handler, 30)
@@ -237,7 +238,7 @@ def test_a_closed_runner_starts_no_thread() -> None:
     runner = Runner(10, lambda item: None)
     runner.close()
     runner.submit(_runs(_handler(lambda payload: None), 5))  # as a late _grow would
-    runner._grow()
+    runner._slots.grow()
     assert _slot_threads() == 0
 
 
@@ -267,7 +268,7 @@ def test_a_run_whose_thread_waits_at_the_full_gate_is_withdrawn() -> None:
         assert runner.busy == 1  # the async handler's
         release.set()
         wait_until(lambda: len(finished) == 1, 30, "the async handler's end", 0.001)
-        wait_until(lambda: runner._idle == 1, 30, "the thread between runs", 0.001)
+        wait_until(lambda: runner._slots.idle == 1, 30, "the thread between runs", 0.001)
         assert started == []  # the withdrawn run never started
         assert [item.run for item in finished] == [held]
     finally:
