@@ -8,7 +8,7 @@ Each concurrent responsibility is a part with one inbox; the run thread (the cal
     runner       (slot threads, one event loop)
                                 runs handlers; each finished one becomes a Finished
                                 value with its Outcome  (runner.py, sqlaq.outcome);
-                                how many slot threads  (slots.py, pace.py)
+                                how many slot threads  (slots.py)
     outbox       (run thread)   outcomes waiting for the writer, the batch in flight;
                                 settles each written batch  (outbox.py)
     writer       (its thread)   writes batches of outcomes and lease renewals; a batch

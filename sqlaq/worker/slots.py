@@ -12,14 +12,39 @@ The rule:
   takes a run with more waiting behind it. Handlers that block (I/O, a sleep) get a
   thread each within a few milliseconds; quick ones, which a few threads take as fast
   as they come, never start the rest.
-- Once a kind's runs have been measured (:mod:`sqlaq.worker.pace`), no more threads are
+- Once a kind's runs have been measured (:class:`Demand`), no more threads are
   started than the kinds' runs can use (one for a handler that only computes), unless
   the threads have been busy for :data:`STALL` with no run ended (every thread stuck in
   a long run): threads that only take turns at the GIL run no faster than one, and each
   turn is a hand-over that the worker's own thread waits behind. A refused start is
-  looked at again after :data:`STALL` by a watch thread (``sqlaq-pace``).
+  looked at again after :data:`STALL` by a watch thread (``sqlaq-slots-watch``).
 - A thread ends after a quick run when there are a quarter more threads than the kinds'
   runs can use and another thread ended a run lately. The last thread stays.
+
+How many threads a kind's runs can use (:class:`Demand`) starts from the sizing rule of
+a pool of threads (Goetz et al., *Java Concurrency in Practice*, 8.2): on *N*
+processors, a task that computes for *C* and waits for *W* (I/O, a sleep, a lock) keeps
+``N * (1 + W / C)`` threads busy; more only take turns. Python code runs on one
+processor at a time, whatever the machine (the GIL), so *N* is 1. The wait counts
+twice, ``1 + 2 W / C``: a worker's runs come a claim at a time, and its own threads take
+the GIL too, so threads that block queue for it between their waits; at ``1 + W / C`` a
+drain of ``def`` handlers sleeping 10 ms ran on about 190 threads and a seventh slower
+than with as many as waited (about 310), at twice the wait as fast. A handler that only
+computes gets one thread, one that sleeps 10 ms (computing 50 us) about four hundred.
+
+Both are measured on the runs themselves, per kind, in windows of :data:`WINDOW` runs:
+
+- *C*, the mean CPU time of a run (the thread's own clock, ``time.thread_time``, read on
+  one run in :data:`SAMPLE`: it costs half a microsecond to read);
+- *W + C*, the least wall time of a run in the window, not the mean: a run's wall time
+  also holds its waits for the GIL, which more threads only lengthen (a quick handler
+  that makes one system call, a log line or a counter's write, lets the GIL go there,
+  and each thread taking turns at it makes every run look blocked for longer); the
+  quickest run of a window is the one that waited least for the GIL.
+
+The first :data:`SAMPLE` runs of a kind give its first figure (one run alone can be
+far off: the first call of a thread, a moment without the processor); each window's
+figure replaces the last.
 
 Everything here is guarded by one lock, taken once per run.
 """
@@ -27,20 +52,61 @@ Everything here is guarded by one lock, taken once per run.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections.abc import Callable
 from time import perf_counter
 
-from sqlaq.worker.pace import Pace
+__all__ = ["SAMPLE", "STALL", "WINDOW", "Demand", "Slots"]
 
-__all__ = ["STALL", "Slots"]
+#: Runs of a kind per measure.
+WINDOW = 64
+#: One run in this many has its CPU time read.
+SAMPLE = 8
 
 #: Seconds with no sync run finished after which the slot threads count as stuck: a
-#: thread is added for runs that wait whatever the kinds' paces say. So the paces only
+#: thread is added for runs that wait whatever the kinds' demands say. So they only
 #: hold back threads while runs end every few milliseconds; runs that take longer get
 #: a thread each, as many as wait, within this time. Longer than the GIL's switch
 #: interval (5 ms), for which every thread may wait behind the worker's own work.
 STALL = 0.01
+
+
+class Demand:
+    """The runs of one kind: how many threads they can use (:attr:`want`).
+
+    Fed from the slot threads under the lock of their :class:`Slots`."""
+
+    __slots__ = ("_cpu", "_least", "_read", "_runs", "want")
+
+    def __init__(self) -> None:
+        self._least = math.inf  # the least wall time in this window
+        self._cpu = 0.0  # CPU time of the runs read in this window
+        self._read = 0  # runs whose CPU time was read in this window
+        self._runs = 0  # runs in this window
+        #: Threads the kind's runs can use, at least 1; 0 until its first figure.
+        self.want = 0
+
+    def reads(self) -> bool:
+        """Whether the next run's CPU time is read (one in :data:`SAMPLE`, the first of
+        a window among them)."""
+        return self._runs % SAMPLE == 0
+
+    def add(self, wall: float, cpu: float | None) -> bool:
+        """Count a run of *wall* seconds (*cpu* of them on a processor, if read); True
+        when it ended a window (:attr:`want` is then new)."""
+        self._runs += 1
+        if wall < self._least:
+            self._least = wall
+        if cpu is not None:
+            self._cpu += cpu
+            self._read += 1
+        if self._runs < (WINDOW if self.want else SAMPLE) or not self._read:
+            return False
+        compute = max(self._cpu / self._read, 1e-7)
+        self.want = max(1, round(2 * self._least / compute - 1))  # 1 + 2 W / C
+        self._least, self._cpu, self._read, self._runs = math.inf, 0.0, 0, 0
+        return True
 
 
 class Slots:
@@ -62,14 +128,14 @@ class Slots:
         self._numbers = itertools.count()  # threads' names: sqlaq-slot-0, -1...
         self._blocking = 0  # sync runs handed in and not finished (nor withdrawn)
         self._idle = 0  # threads between runs (a new one counts until its first)
-        self._paces: dict[str, Pace] = {}  # by kind: how many threads its runs can use
+        self._demands: dict[str, Demand] = {}  # by kind: how many threads its runs can use
         self._wanted = size  # the most any kind's runs can use (size until one is known)
         self._finished_at = -STALL  # perf_counter() at the last run's end
         self._finisher = 0  # the thread that ended it (threading.get_ident())
         # perf_counter() when the threads were last seen not stuck: a run ended, or runs
         # came with a thread between runs (an idle pool is not a stuck one).
         self._moved_at = -STALL
-        # A start refused by the paces: the watch looks again after STALL, in case every
+        # A start refused by the demands: the watch looks again after STALL, in case every
         # thread is stuck by then (started at the first refusal; ends at close()).
         self._again = threading.Event()
         self._shut = threading.Event()
@@ -93,8 +159,8 @@ class Slots:
 
     def want(self, kind: str) -> int:
         """The threads the runs of *kind* can use; 0 until they are measured."""
-        pace = self._paces.get(kind)
-        return 0 if pace is None else pace.want
+        demand = self._demands.get(kind)
+        return 0 if demand is None else demand.want
 
     def handed(self, runs: int) -> None:
         """*runs* sync runs were put in the threads' queue: a thread for them if one is
@@ -127,8 +193,8 @@ class Slots:
 
     def reads(self, kind: str) -> bool:
         """Whether the CPU time of the next run of *kind* is measured."""
-        pace = self._paces.get(kind)
-        return pace is None or pace.reads()
+        demand = self._demands.get(kind)
+        return demand is None or demand.reads()
 
     def ended(self, kind: str, started: float, now: float, cpu: float | None, *, ran: bool) -> bool:
         """The calling thread ended a run of *kind*, from *started* to *now*
@@ -138,11 +204,11 @@ class Slots:
         with self._lock:
             self._blocking -= 1
             if ran:
-                pace = self._paces.get(kind)
-                if pace is None:
-                    pace = self._paces[kind] = Pace()
-                if pace.add(now - started, cpu):
-                    self._wanted = max(each.want for each in self._paces.values())
+                demand = self._demands.get(kind)
+                if demand is None:
+                    demand = self._demands[kind] = Demand()
+                if demand.add(now - started, cpu):
+                    self._wanted = max(each.want for each in self._demands.values())
             serving = not self._retire(started, now)
             self._finished_at, self._finisher = now, threading.get_ident()
             self._moved_at = now
@@ -198,7 +264,7 @@ class Slots:
         with self._lock:
             if self._watch is None:
                 self._watch = threading.Thread(
-                    target=self._watching, name="sqlaq-pace", daemon=True
+                    target=self._watching, name="sqlaq-slots-watch", daemon=True
                 )
                 self._watch.start()
         self._again.set()

@@ -19,10 +19,9 @@ from workerkit import wait_until
 import sqlaq
 from sqlaq.context import JobContext
 from sqlaq.outcome import CANCELLED, Verdict
-from sqlaq.worker.pace import SAMPLE
 from sqlaq.worker.run import Finished, Run
 from sqlaq.worker.runner import Runner
-from sqlaq.worker.slots import STALL
+from sqlaq.worker.slots import SAMPLE, STALL
 
 _NIL = uuid.UUID(int=0)
 _LEASE = timedelta(seconds=30)
@@ -56,10 +55,10 @@ def _wait_for_closed_slot_threads() -> None:
     """Join the slot threads of closed runners (they end when their runner is closed),
     and their watches."""
     for thread in threading.enumerate():
-        if thread.name.startswith(("sqlaq-slot-", "sqlaq-pace")):
+        if thread.name.startswith(("sqlaq-slot-", "sqlaq-slots-watch")):
             thread.join(5)
     assert _slot_threads() == 0
-    assert not [t for t in threading.enumerate() if t.name == "sqlaq-pace"]
+    assert not [t for t in threading.enumerate() if t.name == "sqlaq-slots-watch"]
 
 
 def _each_on_a_thread_of_its_own(started: threading.Semaphore, size: int) -> None:
@@ -144,7 +143,7 @@ def test_quick_runs_in_a_batch_do_not_start_a_thread_each() -> None:
 
 
 def _measured(runner: Runner, handler: sqlaq.Handler, done: threading.Semaphore) -> None:
-    """Run jobs of *handler* one at a time until the runner knows its kind's pace."""
+    """Run jobs of *handler* one at a time until the runner knows how many threads its kind can use."""
     for run in _runs(handler, SAMPLE):
         runner.submit([run])
         assert done.acquire(timeout=30)
