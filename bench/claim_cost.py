@@ -188,9 +188,9 @@ def measure(url: str, rounds: int, pause: float) -> None:
                     "UPDATE sqlaq_jobs SET status = 'done', finished_at = now() WHERE id = %s",
                     (rows[0][0],),
                 )
-    for name, took in times.items():
-        p90 = statistics.quantiles(took, n=10)[-1]
-        print(f"  {name:24s} p50 {statistics.median(took) * 1e3:.3f} ms  p90 {p90 * 1e3:.3f} ms")
+    for name, each in times.items():
+        p90 = statistics.quantiles(each, n=10)[-1]
+        print(f"  {name:24s} p50 {statistics.median(each) * 1e3:.3f} ms  p90 {p90 * 1e3:.3f} ms")
 
 
 def main(rounds: int = 300, pause_ms: float = 20.0) -> None:
@@ -200,4 +200,5 @@ def main(rounds: int = 300, pause_ms: float = 20.0) -> None:
 
 
 if __name__ == "__main__":
-    main(*(float(arg) if i else int(arg) for i, arg in enumerate(sys.argv[1:])))
+    args = sys.argv[1:]
+    main(int(args[0]) if args else 300, float(args[1]) if len(args) > 1 else 20.0)
