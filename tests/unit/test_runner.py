@@ -143,7 +143,8 @@ def test_quick_runs_in_a_batch_do_not_start_a_thread_each() -> None:
 
 
 def _measured(runner: Runner, handler: sqlaq.Handler, done: threading.Semaphore) -> None:
-    """Run jobs of *handler* one at a time until the runner knows how many threads its kind can use."""
+    """Run jobs of *handler* one at a time until the runner knows how many threads its
+    kind can use."""
     for run in _runs(handler, SAMPLE):
         runner.submit([run])
         assert done.acquire(timeout=30)
