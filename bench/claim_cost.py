@@ -1,10 +1,10 @@
 """What each part of the worker's claim costs on a backend that has just woken.
 
-    python bench/claim_cost.py [ROUNDS] [PAUSE_MS]
+    python bench/claim_cost.py [ROUNDS] [PAUSE_MS] [FINISHED]
 
-On a database of its own (``bench_claim_cost``, dropped at the end), a table of 200
-finished jobs analyzed; each round pauses PAUSE_MS (default 20: the machine idle, as
-between two wake-ups of the peer bench), enqueues one job on a second connection
+On a database of its own (``bench_claim_cost``, dropped at the end), a table of FINISHED
+finished jobs (default 200) analyzed; each round pauses PAUSE_MS (default 20: the machine
+idle, as between two wake-ups of the peer bench), enqueues one job on a second connection
 (committed as usual), then claims it at once, as a woken worker does, with the worker's
 statement (the bounded claim of :func:`sqlaq.queries.claim_stmt` with the relaxed commit
 in it, :func:`sqlaq.queries.relaxed_stmt`, prepared, rows in binary) and with copies of
@@ -20,13 +20,21 @@ it that each lack one part, in shuffled order:
 - ``setting in the session``: ``synchronous_commit`` off for the session, not in the
   statement;
 - ``none of these``: all six at once;
+- ``by its id, queued only``: the lean claim a worker told the new job's id could send
+  (:func:`sqlaq.queries.claim_stmt` with ``ids``, unbounded, ``status = 'queued'`` only
+  and so without the expired-lease ``CASE`` expressions; the pause check, the lease
+  token, the relaxed commit and the job's columns kept): what claiming the notified job
+  by its id would save over the worker's claim;
 - ``minimal``: a one-CTE claim as a hand-written queue sends it (``UPDATE ... FROM``,
   two columns), on the session with ``synchronous_commit`` off.
 
-None of the copies is a claim sqlaq could send (each part is a behaviour: pauses, leases
+None of the other copies is a claim sqlaq could send (each part is a behaviour: pauses, leases
 that expire, held snapshots that cannot slow the claims, the jobs' fields, fenced
 outcomes, the claim's relaxed commit); they say what each costs. Prints each one's p50
-and p90 of the claim's round trip (execute and fetch), in ms. A statement that no longer
+and p90 of the claim's round trip (execute and fetch), in ms. With the default 200
+finished jobs the plans prepared at the start scan the table for the claimed ids, and the
+table grows by a job a claim; FINISHED 5000 gives index scans throughout, as a worker's
+table with a history has. A statement that no longer
 has a part stops the probe with the part's name (``nox -s probes`` runs it).
 """
 
@@ -87,13 +95,13 @@ def _no_pause(sql: str) -> str:
     return sql
 
 
-def _no_cases(sql: str) -> str:
+def _no_cases(sql: str, where: str = " WHERE sqlaq_jobs.id = any(") -> str:
     simple = (
         " SET status='running', run_at=now() + %(b_lease)s, attempts=sqlaq_jobs.attempts + 1,"
         " locked_by=%(b_worker)s::UUID, lease_token=gen_random_uuid(), attempted_at=now()"
     )
-    head = _cut(sql, "expired-lease CASEs", " SET status=CASE", " WHERE sqlaq_jobs.id = any(")
-    i = head.index(" WHERE sqlaq_jobs.id = any(")
+    head = _cut(sql, "expired-lease CASEs", " SET status=CASE", where)
+    i = head.index(where)
     return head[:i] + simple + head[i:]
 
 
@@ -129,6 +137,12 @@ def variants(engine: Any) -> dict[str, tuple[str, bool]]:
     none = _no_position(_no_cases(_no_pause(in_session)))
     none = _replace(none, "lease token", "gen_random_uuid()", "%(b_worker)s::UUID")
     none = _two_columns(none)
+    plain = queries.claim_stmt(
+        queue="default", worker_id=uuid.uuid4(), limit=10, lease=timedelta(seconds=30), ids=True
+    )
+    by_id = str(queries.relaxed_stmt(plain).compile(dialect=engine.dialect))
+    by_id = _replace(by_id, "due statuses", "status IN ('queued', 'running')", "status = 'queued'")
+    by_id = _no_cases(by_id, " FROM candidates WHERE")
     return {
         "the worker's claim": (worker, False),
         "no pause check": (_no_pause(worker), False),
@@ -138,11 +152,12 @@ def variants(engine: Any) -> dict[str, tuple[str, bool]]:
         "no gen_random_uuid()": (no_uuid, False),
         "setting in the session": (in_session, True),
         "none of these": (none, True),
+        "by its id, queued only": (by_id, False),
         "minimal": (MINIMAL, True),
     }
 
 
-def measure(url: str, rounds: int, pause: float) -> None:
+def measure(url: str, rounds: int, pause: float, finished: int = 200) -> None:
     engine = create_engine(url)
     ways = variants(engine)
     connect = connection_params(engine, "sqlaq-claim-cost")
@@ -163,7 +178,8 @@ def measure(url: str, rounds: int, pause: float) -> None:
         relaxed.execute("SET synchronous_commit = off")
         producer.execute(
             "INSERT INTO sqlaq_jobs (kind, payload, status, finished_at)"
-            " SELECT 'noop', '{}', 'done', now() FROM generate_series(1, 200)"
+            " SELECT 'noop', '{}', 'done', now() FROM generate_series(1, %s)",
+            (finished,),
         )
         producer.execute("ANALYZE sqlaq_jobs")
         cursors = {False: claimer.cursor(binary=True), True: relaxed.cursor(binary=True)}
@@ -175,7 +191,10 @@ def measure(url: str, rounds: int, pause: float) -> None:
                 sql, in_session = ways[name]
                 cursor = cursors[in_session]
                 time.sleep(pause)
-                producer.execute("INSERT INTO sqlaq_jobs (kind, payload) VALUES ('noop', '{}')")
+                new = producer.execute(
+                    "INSERT INTO sqlaq_jobs (kind, payload) VALUES ('noop', '{}') RETURNING id"
+                ).fetchone()
+                params["b_ids"] = [new[0] if new else 0]
                 started = time.perf_counter()
                 cursor.execute(sql, params, prepare=True)
                 rows = cursor.fetchall()
@@ -193,12 +212,19 @@ def measure(url: str, rounds: int, pause: float) -> None:
         print(f"  {name:24s} p50 {statistics.median(each) * 1e3:.3f} ms  p90 {p90 * 1e3:.3f} ms")
 
 
-def main(rounds: int = 300, pause_ms: float = 20.0) -> None:
+def main(rounds: int = 300, pause_ms: float = 20.0, finished: int = 200) -> None:
     with scratch_database("bench_claim_cost") as url:
-        print(f"claim of one job enqueued after a {pause_ms:g} ms pause, {rounds} rounds:")
-        measure(url, rounds, pause_ms / 1000)
+        print(
+            f"claim of one job enqueued after a {pause_ms:g} ms pause, {rounds} rounds,"
+            f" beside {finished} finished jobs:"
+        )
+        measure(url, rounds, pause_ms / 1000, finished)
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(int(args[0]) if args else 300, float(args[1]) if len(args) > 1 else 20.0)
+    main(
+        int(args[0]) if args else 300,
+        float(args[1]) if len(args) > 1 else 20.0,
+        int(args[2]) if len(args) > 2 else 200,
+    )
