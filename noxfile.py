@@ -105,6 +105,7 @@ PROBES = [
     "bench/rss_probe.py --jobs 500",
     "bench/wake_probe.py 20 def",
     "bench/wake_probe.py 20 async",
+    "bench/wake_probe.py 20 sleep",
 ]
 
 

@@ -1,5 +1,6 @@
 """The registry ``bench/wake_probe.py`` runs in ``sqlaq-worker``: one no-op handler
-(``def``, or ``async`` with ``WAKE_MARKS_FLAVOUR=async``) and timestamps of the run
+(``def``, or ``async`` with ``WAKE_MARKS_FLAVOUR=async``; ``sleep``: an ``async`` one
+that then sleeps 10 ms, the peer bench's 10 ms handler) and timestamps of the run
 thread's steps through a wake-up, taken by wrapping the worker's methods in the worker's
 own process (a probe, not a test). At exit it writes them to ``WAKE_MARKS_OUT``,
 tab-separated: stage, ``perf_counter``, extra (the handler's: its job's ``seq`` and the
@@ -8,6 +9,7 @@ wall clock, which the probe sets beside the enqueue's commit).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import threading
@@ -53,7 +55,7 @@ def _run_on(worker: core.Worker) -> None:
     _run(worker)
 
 
-core.Worker.run = _run_on  # type: ignore[method-assign]
+core.Worker.run = _run_on  # type: ignore[method-assign,assignment]
 _around(listener.Waker, "wait", "waits", "woken")
 _around(core.Worker, "_notified", "notified", None)
 _around(psycopg.Cursor, "execute", "claim sent", "claim answered")
@@ -74,7 +76,14 @@ def _record(payload: dict[str, Any]) -> None:
     _mark("handler", f"{payload['seq']} {time.time():.6f}")
 
 
-if os.environ.get("WAKE_MARKS_FLAVOUR") == "async":
+if os.environ.get("WAKE_MARKS_FLAVOUR") == "sleep":
+
+    @registry.handler("noop")
+    async def sleep_async(payload: dict[str, Any]) -> None:
+        _record(payload)
+        await asyncio.sleep(0.01)  # the peer bench's 10 ms handler
+
+elif os.environ.get("WAKE_MARKS_FLAVOUR") == "async":
 
     @registry.handler("noop")
     async def noop_async(payload: dict[str, Any]) -> None:

@@ -1,11 +1,12 @@
 """Where a wake-up goes, stage by stage, and what an idle pause costs a round trip.
 
-    python bench/wake_probe.py [JOBS] [def|async]
+    python bench/wake_probe.py [JOBS] [def|async|sleep]
 
 Two measurements on a database of its own (``bench_wake_probe``, dropped at the end):
 
 1. ``sqlaq-worker`` at its defaults, in a process of its own as the peer bench runs it,
-   with a no-op handler (``def`` unless ``async`` is given) and ``bench/wake_marks.py``
+   with a no-op handler (``def`` unless ``async`` is given; ``sleep``: an ``async``
+   handler that sleeps 10 ms after its first line) and ``bench/wake_marks.py``
    timing its run thread; woken JOBS times (default 200), one enqueue every 20 ms from
    this process, the table analyzed. It prints the p50 of each stage of a wake-up: from
    the run thread's wait returning (the NOTIFY readable) to its waker cleared, the
@@ -127,20 +128,21 @@ def stages(jobs: int, flavour: str) -> None:
         if stage != "handler":
             seen.setdefault(stage, float(at))  # the first of each in this turn
             continue
-        seq, wall = extra.split()
-        if int(seq) < 0 or "claim sent" not in seen:
+        text_seq, wall = extra.split()
+        number = int(text_seq)
+        if number < 0 or "claim sent" not in seen:
             continue
         order = [s for s in STAGES if s in seen] + ["handler"]
         seen["handler"] = float(at)
         for first, then in itertools.pairwise(order):
             gaps.setdefault((first, then), []).append(seen[then] - seen[first])
-        totals.append(float(wall) - commits[int(seq)])
+        totals.append(float(wall) - commits[number])
         slow = [
             f"{first} -> {then} {(seen[then] - seen[first]) * 1e3:.3f}"
             for first, then in itertools.pairwise(order)
             if seen[then] - seen[first] > SLOW_STEP
         ]
-        slowest.append((totals[-1], int(seq), slow))
+        slowest.append((totals[-1], number, slow))
     for (first, then), values in gaps.items():
         print(f"  {first:>15} -> {then:<15} p50 {statistics.median(values) * 1e3:.3f} ms")
     print(f"  commit -> handler p50 {statistics.median(totals) * 1e3:.3f} ms ({len(totals)} jobs)")
