@@ -641,8 +641,11 @@ def test_cancel_of_a_running_job_reaches_its_handler_and_nothing_is_written(
 
     job_id = enqueue(committed, "slow")
     # A lease long enough that, with the listener on, the NOTIFY arrives well before the
-    # first renewal (a third of it): what is tested is the notification.
-    lease = timedelta(seconds=9 if listen else 0.3)
+    # first renewal (a third of it): what is tested is the notification. Without it,
+    # the renewal every second tells: a lease of 0.3 s expired once under a loaded CI
+    # run (its renewals, 0.1 s apart, all late) and the worker claimed the job again,
+    # so the handler ran twice.
+    lease = timedelta(seconds=9 if listen else 3)
     with running(fast_worker(committed, registry, recorder, lease=lease, listen=listen)) as w:
         if listen:
             wait_until(lambda: w.listening, 10, "the listener")
