@@ -1,7 +1,7 @@
 """Where a 10 ms drain's time goes, thread by thread, in sqlaq's own worker.
 
     python bench/drain_probe.py [JOBS] [CONCURRENCY] [PREFETCH] [async|def|write] [--one-loop]
-        [--command-gc]
+        [--command-gc] [--fillfactor=N]
 
 On a database of its own (``bench_drain_probe``, dropped at the end): JOBS jobs
 (default 60,000) whose handler sleeps 10 ms (``async def`` with ``asyncio.sleep``, or
@@ -20,7 +20,12 @@ does), drained by an in-process burst worker at CONCURRENCY
 - the worker's slots, sampled every 2 ms: handlers running (p50), the share of samples
   with none running, and jobs claimed ahead and waiting for a slot (p50); for ``def``
   handlers, the slot threads alive (p50 and most);
-- the claims (how many, their median size and wall time) and the writer's batches.
+- the claims (how many, their median size and wall time) and the writer's batches;
+- the WAL the drain wrote, a job, and the table's pages before and after it.
+
+``--fillfactor=N`` sets the jobs table's ``fillfactor`` before the jobs are enqueued
+(the revisions' is 50; PostgreSQL's default 100): with the drain's WAL a job and the
+table's pages before and after it, what the setting changes.
 
 ``--command-gc`` tunes the process's collector first, as ``sqlaq-worker`` does
 (:func:`sqlaq.cli.tune_garbage_collector`); without it, Python's defaults.
@@ -94,7 +99,13 @@ def p(values: list[float], q: float) -> float:
 
 
 def main(
-    jobs: int, concurrency: int, prefetch: int, sort: str, one_loop: bool, command_gc: bool
+    jobs: int,
+    concurrency: int,
+    prefetch: int,
+    sort: str,
+    one_loop: bool,
+    command_gc: bool,
+    fillfactor: int | None = None,
 ) -> None:
     admin = create_engine(ADMIN, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -104,6 +115,8 @@ def main(
     try:
         with engine.connect() as conn:
             sqlaq.migrations.upgrade(conn)
+            if fillfactor is not None:
+                conn.execute(text(f"ALTER TABLE sqlaq_jobs SET (fillfactor = {int(fillfactor)})"))
             conn.commit()
         if command_gc:  # as sqlaq-worker does once started
             sqlaq.cli.tune_garbage_collector()
@@ -113,6 +126,10 @@ def main(
         with admin.connect() as conn:
             conn.execute(text("DROP DATABASE IF EXISTS bench_drain_probe"))
         admin.dispose()
+
+
+_PAGES = text("SELECT pg_relation_size('sqlaq_jobs') / current_setting('block_size')::int")
+_WAL_SINCE = text("SELECT pg_current_wal_lsn() - CAST(:lsn AS pg_lsn)")
 
 
 def drain(
@@ -215,6 +232,9 @@ def drain_with(
             collected.append(time.perf_counter() - gc_started[0])
 
     gc.callbacks.append(on_gc)
+    with engine.connect() as conn:
+        wal_before = conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one()
+        pages_before = conn.execute(_PAGES).scalar_one()
     before = thread_cpu()
     usage, machine = resource.getrusage(resource.RUSAGE_SELF), busy()
     started = time.perf_counter()
@@ -230,6 +250,8 @@ def drain_with(
     with engine.connect() as conn:
         finished = conn.execute(text("SELECT count(*) FROM sqlaq_jobs WHERE status = 'done'"))
         count = finished.scalar_one()
+        wal = conn.execute(_WAL_SINCE, {"lsn": wal_before}).scalar_one()
+        pages_after = conn.execute(_PAGES).scalar_one()
     cpu = after.ru_utime - usage.ru_utime + after.ru_stime - usage.ru_stime
     mode = "one loop (prototype)" if one_loop else "worker"
     handler = "def handler writing 16 bytes" if sort == "write" else f"{sort} 10 ms handler"
@@ -238,6 +260,8 @@ def drain_with(
     print(f"  process CPU per job: {cpu / count * 1e6:.1f} us")
     switches = after.ru_nvcsw - usage.ru_nvcsw + after.ru_nivcsw - usage.ru_nivcsw
     print(f"  context switches per job: {switches / count:.2f}")
+    print(f"  WAL per job: {wal / count:.0f} bytes; table pages {pages_before} before,", end="")
+    print(f" {pages_after} after")
     print(f"  garbage collections: {len(collected)}, {sum(collected) * 1e3:.0f} ms in all")
     per_thread = {
         name: round((at_end[name] - before.get(name, 0.0)) / count * 1e6, 1)
@@ -377,4 +401,5 @@ if __name__ == "__main__":
         args[3] if len(args) > 3 else "async",
         "--one-loop" in sys.argv,
         "--command-gc" in sys.argv,
+        next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--fillfactor=")), None),
     )
