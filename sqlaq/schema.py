@@ -63,12 +63,6 @@ Design decisions written down here:
   walk (reading, cancelling, and retention's "is this workflow finished?").
   ``fastupdate`` is off: a walk probes it once per job it meets, and a pending list
   would be read whole at each probe.
-* Half-empty pages (sqlaq_0011): the table's ``fillfactor`` is 50. A job's row is
-  written three times (inserted, claimed, finished); no update of it can be heap-only
-  (each changes indexed columns), but each can keep the row's new version on its own
-  page when the page has room: one page dirtied and logged instead of two. A drain
-  writes a fifth less WAL a job and leaves a smaller table; the queued rows before it
-  take twice the pages.
 * Status literals in predicates are inlined, never bound: a prepared ``ON CONFLICT ...
   WHERE status IN ($1, $2)`` stops matching the partial index once PostgreSQL switches
   to a generic plan.
@@ -188,18 +182,15 @@ class JobStatus(enum.StrEnum):
 PENDING_STATUSES = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
 FINISHED_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED})
 
-#: Storage parameters of the table (set by the shipped revisions). A queue table turns
-#: over its rows constantly: vacuum after ~1% churn instead of the default 20%, and let
-#: vacuum work at full speed so dead claim-index entries do not pile up; and (sqlaq_0011)
-#: a new page is filled only half, so that a job's claim and outcome can write its row's
-#: new versions on the row's own page.
+#: Autovacuum storage parameters of the table (set by the shipped revision). A queue table
+#: turns over its rows constantly: vacuum after ~1% churn instead of the default 20%, and
+#: let vacuum work at full speed so dead claim-index entries do not pile up.
 STORAGE_PARAMETERS = {
     "autovacuum_vacuum_scale_factor": "0.01",
     "autovacuum_vacuum_threshold": "1000",
     "autovacuum_vacuum_insert_scale_factor": "0.05",
     "autovacuum_analyze_scale_factor": "0.02",
     "autovacuum_vacuum_cost_limit": "2000",
-    "fillfactor": "50",
 }
 
 NAMING_CONVENTION = {

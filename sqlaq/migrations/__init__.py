@@ -94,7 +94,7 @@ def __dir__() -> list[str]:
 
 #: The newest shipped revision: what this sqlaq needs. A test pins it to the head of the
 #: revision files, so it cannot drift from them.
-HEAD = "sqlaq_0011"
+HEAD = "sqlaq_0010"
 #: The branch label of sqlaq's revisions: ``alembic downgrade sqlaq@base``.
 BRANCH = "sqlaq"
 #: For a host's ``version_locations`` (needs ``path_separator = space`` or similar).
@@ -157,7 +157,7 @@ def standalone_config(url: str | None = None, *, connection: Connection | None =
 
 
 def head_revision() -> str:
-    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0011"`` (:data:`HEAD`)."""
+    """The newest revision of sqlaq's branch, e.g. ``"sqlaq_0010"`` (:data:`HEAD`)."""
     return HEAD
 
 
