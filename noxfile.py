@@ -94,7 +94,7 @@ PROBES = [
     "bench/drain_probe.py 600 50 20 async",
     "bench/drain_probe.py 600 50 20 async --one-loop --command-gc",
     "bench/drain_probe.py 600 50 20 def",
-    "bench/drain_probe.py 600 50 20 write --fillfactor=100",
+    "bench/drain_probe.py 600 50 20 write --fillfactor=50",
     "bench/enqueue_probe.py 50 1",
     "bench/fairness.py --flood 2000 --per-key 5 --drain 500 --rounds 1 --samples 20",
     "bench/fan_in.py --parents 200 --rounds 1",

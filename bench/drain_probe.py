@@ -24,8 +24,8 @@ does), drained by an in-process burst worker at CONCURRENCY
 - the WAL the drain wrote, a job, and the table's pages before and after it.
 
 ``--fillfactor=N`` sets the jobs table's ``fillfactor`` before the jobs are enqueued
-(the revisions' is 50; PostgreSQL's default 100): with the drain's WAL a job and the
-table's pages before and after it, what the setting changes.
+(the revisions leave PostgreSQL's default, 100): with the drain's WAL a job and the
+table's pages before and after it, what the setting would change.
 
 ``--command-gc`` tunes the process's collector first, as ``sqlaq-worker`` does
 (:func:`sqlaq.cli.tune_garbage_collector`); without it, Python's defaults.
