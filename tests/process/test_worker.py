@@ -168,12 +168,15 @@ def test_job_that_kills_its_worker_every_time_ends_failed(
 
 @pytest.mark.timeout(120)
 def test_heartbeat_keeps_a_slow_job_from_running_twice(ledger: Engine, database_url: str) -> None:
+    # A lease of 3 s (renewed each second) for a job of 7 s: more than two leases long,
+    # and a renewal may come late by up to 2 s on a loaded machine (a lease of 1 s,
+    # renewed every third of a second, ran out once in a CI rehearsal on PostgreSQL 18).
     with worker_processes(database_url) as start:
-        start("--lease", "1", *FAST)
-        job_id = enqueue(ledger, "sleep", {"seconds": 3.5})
+        start("--lease", "3", *FAST)
+        job_id = enqueue(ledger, "sleep", {"seconds": 7})
         # The job's start is the process's first sign of life (after its start-up).
         wait_until(lambda: ledger_runs(ledger, job_id), START_TIMEOUT, "the slow job to start")
-        start("--lease", "1", *FAST)  # would take the job if its lease ran out
+        start("--lease", "3", *FAST)  # would take the job if its lease ran out
         wait_until(lambda: status_is(ledger, job_id, "done"), 20, "the slow job done")
     row = job(ledger, job_id)
     assert (row.attempts, row.last_error) == (1, None)
