@@ -129,6 +129,7 @@ def main(
 
 
 _PAGES = text("SELECT pg_relation_size('sqlaq_jobs') / current_setting('block_size')::int")
+_WAL_NOW = text("SELECT pg_current_wal_lsn()")
 _WAL_SINCE = text("SELECT pg_current_wal_lsn() - CAST(:lsn AS pg_lsn)")
 
 
@@ -233,7 +234,7 @@ def drain_with(
 
     gc.callbacks.append(on_gc)
     with engine.connect() as conn:
-        wal_before = conn.execute(text("SELECT pg_current_wal_lsn()")).scalar_one()
+        wal_before = conn.execute(_WAL_NOW).scalar_one()
         pages_before = conn.execute(_PAGES).scalar_one()
     before = thread_cpu()
     usage, machine = resource.getrusage(resource.RUSAGE_SELF), busy()
